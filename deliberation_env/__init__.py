@@ -1,0 +1,36 @@
+"""deliberation_env: multi-agent LLM deliberation as a PettingZoo environment.
+
+    import deliberation_env
+    env = deliberation_env.parallel_env(task="arithmetic", backend="sim", num_agents=3, max_rounds=3)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pettingzoo.utils import parallel_to_aec, wrappers
+
+from deliberation_env.core.deliberation import Action
+from deliberation_env.env import DeliberationEnv
+from deliberation_env.registry import BACKENDS, TASKS
+
+__version__ = "0.1.0"
+
+raw_env = DeliberationEnv
+
+
+def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int = 3, max_rounds: int = 3,
+                 data_dir: str | None = None, split: str = "test", render_mode: str | None = None,
+                 **options: Any) -> DeliberationEnv:
+    """The deliberation environment, PettingZoo Parallel API (see ``deliberation_env.env``)."""
+    return DeliberationEnv(task=task, backend=backend, num_agents=num_agents, max_rounds=max_rounds,
+                           data_dir=data_dir, split=split, render_mode=render_mode, **options)
+
+
+def env(**kwargs: Any):
+    """The same environment, PettingZoo AEC API (``parallel_to_aec`` plus the standard wrappers)."""
+    aec = parallel_to_aec(parallel_env(**kwargs))
+    return wrappers.OrderEnforcingWrapper(wrappers.AssertOutOfBoundsWrapper(aec))
+
+
+__all__ = ["Action", "BACKENDS", "DeliberationEnv", "TASKS", "env", "parallel_env", "raw_env", "__version__"]

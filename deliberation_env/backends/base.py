@@ -1,0 +1,101 @@
+"""The LLM backend protocol: ``generate(list[Request]) -> list[Completion]``.
+
+A backend answers a batch of chat requests, in order. Everything a real backend needs is
+in ``messages`` and the sampling fields; ``context`` carries privileged facts (the
+problem, whether answers are correct) that only the simulated backend reads. Real
+backends and caches must ignore ``context``: it is not part of a request's identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from deliberation_env.tasks.base import Problem, Task
+
+RequestKind = Literal["solve", "refine", "critic"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class SimContext:
+    """Privileged facts for the simulated backend (ignored by real backends).
+
+    ``own_correct`` / ``peer_correct`` are gradings of answers already held, so the
+    simulator can model "refining helps when a peer is right" and informative confidence.
+    """
+
+    task: Task
+    problem: Problem
+    own_answer: str | None = None
+    own_correct: bool = False
+    peer_answers: tuple[str | None, ...] = ()
+    peer_correct: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One chat-completion request from one agent."""
+
+    messages: tuple[Message, ...]
+    kind: RequestKind
+    agent: int
+    seed: int
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 1.0
+    logprobs: bool = False
+    """Ask for the first token's top log-probabilities (critic calls)."""
+    context: SimContext | None = field(default=None, compare=False, repr=False)
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The fields, besides messages and seed, that change what a model writes."""
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "logprobs": self.logprobs,
+        }
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A backend's answer to one Request."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    top_logprobs: dict[str, float] | None = None
+    """Top log-probabilities of the first generated token, when the backend gives them."""
+    finish_reason: str = "stop"
+    cached: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Anything that answers a batch of requests, in order."""
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]: ...
+
+    def identity(self) -> str:
+        """A stable, server-independent name of the model and its settings (used by caches)."""
+        ...
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate (about 4 characters a token), for backends without one."""
+    return max(1, (len(text) + 3) // 4)

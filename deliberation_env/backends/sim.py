@@ -1,0 +1,182 @@
+"""A seeded simulated LLM: fast, no model, and realistic enough that meta-actions matter.
+
+It reads the privileged ``SimContext`` of each request (the problem, and whether the answers
+already held are correct), decides the outcome from the knobs of ``SimConfig``, and writes
+text in the task's own format (``task.render_solution``), so the task's real answer
+extraction runs on it exactly as on an LLM's text. Each request is answered from
+``random.Random(request.seed)`` alone, so a seeded episode replays exactly.
+
+The model of an agent i on a problem of difficulty d (``Problem.difficulty``, else a stable
+hash of its id), with ``s_i = skills[i % len(skills)]``:
+
+- solve: correct with p = sigmoid(logit(s_i) - difficulty_weight * (d - 0.5)); otherwise no
+  answer (``no_answer_rate``) or a distractor, the first distractors much likelier
+  (``distractor_decay``), so wrong agents often agree on the same wrong answer;
+- refine, currently right: with p = ``sycophancy`` x (share of wrong peers) the agent adopts a
+  wrong peer's answer, else it stays right;
+- refine, currently wrong: right with p = ``refine_self`` x p_solve + ``refine_peer_gain`` x
+  (share of right peers); otherwise it adopts a wrong peer's answer (``follow_wrong``) or keeps
+  its own;
+- critic: confidence ~ (``confidence_right`` or ``confidence_wrong``) + ``overconfidence[i]`` +
+  N(0, ``confidence_noise``), clipped: informative, noisy, and over-confident for some agents;
+- text: right agents often say they double-checked, wrong ones often hedge (``check_rate``,
+  ``hedge_rate``), which shows in the reasoning profile;
+- tokens: completion lengths drawn around ``solve_tokens`` / ``refine_tokens`` (longer on
+  harder problems) and ``critic_tokens``; prompt tokens estimated from the prompt's length.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from deliberation_env.backends.base import Completion, Request, estimate_tokens
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Every knob of the simulated LLM (defaults give a team where deliberation choices matter)."""
+
+    skills: tuple[float, ...] = (0.72, 0.55, 0.4)
+    """P(correct first solution) on a problem of middle difficulty, per agent (cycled)."""
+    difficulty_weight: float = 3.0
+    """How much harder (in logits) the hardest problem is than the middle one, times 2."""
+    no_answer_rate: float = 0.05
+    """P(a wrong solution states no final answer)."""
+    distractor_decay: float = 0.35
+    """Weight ratio between consecutive distractors (small: wrong answers concentrate)."""
+    sycophancy: float = 0.45
+    """P(a right agent switches to a wrong peer's answer when REFINE-ing among only wrong peers)."""
+    refine_self: float = 0.35
+    """Scales a wrong agent's own chance to fix its answer when it REFINEs."""
+    refine_peer_gain: float = 0.55
+    """Added chance of fixing it, times the share of right peers."""
+    follow_wrong: float = 0.5
+    """P(a wrong agent that stays wrong adopts a wrong peer's answer)."""
+    confidence_right: float = 0.72
+    confidence_wrong: float = 0.5
+    confidence_noise: float = 0.14
+    overconfidence: tuple[float, ...] = (0.0, 0.08, 0.18)
+    """Added to each agent's confidence (cycled): the weakest agent is the most over-confident."""
+    check_rate: float = 0.6
+    hedge_rate: float = 0.5
+    solve_tokens: int = 220
+    refine_tokens: int = 260
+    critic_tokens: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("no_answer_rate", "distractor_decay", "sycophancy", "refine_self", "refine_peer_gain",
+                     "follow_wrong", "confidence_right", "confidence_wrong", "check_rate", "hedge_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"SimConfig.{name} must be in [0, 1], got {value!r}")
+        if not self.skills or not all(0.0 < s < 1.0 for s in self.skills):
+            raise ValueError(f"SimConfig.skills must be probabilities in (0, 1), got {self.skills!r}")
+        if not self.overconfidence:
+            raise ValueError("SimConfig.overconfidence needs at least one value")
+        for name in ("solve_tokens", "refine_tokens", "critic_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimConfig.{name} must be >= 1")
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+class SimBackend:
+    """The simulated LLM backend (see the module docstring for its model)."""
+
+    def __init__(self, config: SimConfig | None = None, **knobs):
+        if config is not None and knobs:
+            raise TypeError("pass either a SimConfig or keyword knobs, not both")
+        try:
+            self.config = config or SimConfig(**knobs)
+        except TypeError as error:
+            raise TypeError(f"{error}; SimConfig fields: {', '.join(SimConfig.__dataclass_fields__)}") from None
+        self._distractors: dict[str, list[str]] = {}
+
+    def identity(self) -> str:
+        return "sim:" + ",".join(f"{k}={v}" for k, v in asdict(self.config).items())
+
+    def __repr__(self) -> str:
+        return f"SimBackend({self.config})"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        return [self._answer(request) for request in requests]
+
+    # ------------------------------------------------------------------
+    def _answer(self, request: Request) -> Completion:
+        context = request.context
+        if context is None:
+            raise ValueError(
+                "SimBackend can only answer requests made by deliberation_env (they carry a SimContext); "
+                "use a real backend (transformers, openai) for free-form prompts"
+            )
+        rng = random.Random(request.seed)
+        prompt_tokens = sum(estimate_tokens(m.content) for m in request.messages)
+        if request.kind == "critic":
+            return self._critic(request, rng, prompt_tokens)
+        cfg, problem = self.config, context.problem
+        difficulty = problem.difficulty
+        if difficulty is None:
+            difficulty = (zlib.crc32(problem.id.encode()) % 1000) / 999.0
+        skill = cfg.skills[request.agent % len(cfg.skills)]
+        p_solve = _sigmoid(_logit(skill) - cfg.difficulty_weight * (difficulty - 0.5))
+        wrong_peers = [a for a, ok in zip(context.peer_answers, context.peer_correct) if a is not None and not ok]
+        peers = len(context.peer_answers) or 1
+        share_right = sum(context.peer_correct) / peers
+        if request.kind == "solve":
+            answer = problem.answer if rng.random() < p_solve else self._wrong(context, rng)
+        elif context.own_correct:
+            switch = cfg.sycophancy * len(wrong_peers) / peers
+            answer = rng.choice(wrong_peers) if wrong_peers and rng.random() < switch else problem.answer
+        elif rng.random() < min(0.95, cfg.refine_self * p_solve + cfg.refine_peer_gain * share_right):
+            answer = problem.answer
+        elif wrong_peers and rng.random() < cfg.follow_wrong:
+            answer = rng.choice(wrong_peers)
+        else:
+            answer = context.own_answer if context.own_answer is not None else self._wrong(context, rng)
+        right = answer == problem.answer
+        text = context.task.render_solution(problem, answer, rng)
+        if rng.random() < (cfg.check_rate if right else cfg.check_rate / 3):
+            text = "I will work carefully and double-check each step.\n" + text
+        if rng.random() < (cfg.hedge_rate if not right else cfg.hedge_rate / 4):
+            text = "I'm not sure about this one, but here is my attempt.\n" + text
+        mean = cfg.solve_tokens if request.kind == "solve" else cfg.refine_tokens
+        tokens = max(16, int(rng.gauss(mean * (0.7 + 0.6 * difficulty), mean * 0.2)))
+        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=min(tokens, request.max_tokens))
+
+    def _wrong(self, context, rng: random.Random) -> str | None:
+        cfg = self.config
+        if rng.random() < cfg.no_answer_rate:
+            return None
+        key = f"{context.task.name}/{context.problem.id}"
+        if key not in self._distractors:
+            self._distractors[key] = context.task.distractors(context.problem, random.Random(key))
+        options = self._distractors[key]
+        if not options:
+            return None
+        weights = [cfg.distractor_decay**k for k in range(len(options))]
+        return rng.choices(options, weights)[0]
+
+    def _critic(self, request: Request, rng: random.Random, prompt_tokens: int) -> Completion:
+        cfg, context = self.config, request.context
+        assert context is not None
+        if context.own_answer is None:
+            confidence = 0.15
+        else:
+            mean = cfg.confidence_right if context.own_correct else cfg.confidence_wrong
+            mean += cfg.overconfidence[request.agent % len(cfg.overconfidence)]
+            confidence = rng.gauss(mean, cfg.confidence_noise)
+        confidence = min(0.99, max(0.01, confidence))
+        verdict = "Yes" if confidence >= 0.5 else "No"
+        text = f"{verdict}\nConfidence: {confidence:.2f}"
+        tokens = max(4, int(rng.gauss(cfg.critic_tokens, 2)))
+        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=min(tokens, request.max_tokens))

@@ -1,0 +1,404 @@
+"""The deliberation itself: a plain state machine, with no PettingZoo and no I/O.
+
+An episode is a pure function of (seed, actions, backend completions). The caller drives
+it in phases, which keeps "which generations do you need?" apart from "here they are", so
+that many deliberations can batch their requests into one backend call::
+
+    deliberation.start(problem, seed)            # or: deliberation.begin_round(actions)
+    while requests := deliberation.pending_requests():
+        deliberation.receive(backend.generate(requests))
+    outcome = deliberation.finish_round()        # after begin_round; start() needs no finish
+
+Round 0 (``start``): every agent solves the problem, then a critic call gives each agent
+its introspective confidence. Each later round: PERSIST keeps the state; CONCEDE adopts the
+answer (and text) of the concede target at once; REFINE generates a revised solution that
+sees the peers' answers and short rationales as they were at the start of the round; every
+agent whose answer or text changed is re-introspected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from math import exp
+
+import numpy as np
+
+from deliberation_env.backends.base import Completion, Request, SimContext
+from deliberation_env.core import features
+from deliberation_env.core.consensus import plurality, support
+from deliberation_env.core.rewards import RoundFacts, check_weights, reward_components, total_reward
+from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
+
+
+class Action(IntEnum):
+    """The meta-actions."""
+
+    PERSIST = 0
+    REFINE = 1
+    CONCEDE = 2
+
+
+CONCEDE_TARGETS = ("most_confident", "plurality")
+_KIND_IDS = {"solve": 1, "refine": 2, "critic": 3}
+
+
+@dataclass(frozen=True)
+class DeliberationConfig:
+    """Settings of the deliberation (validated on construction)."""
+
+    num_agents: int = 3
+    max_rounds: int = 3
+    concede_target: str = "most_confident"
+    """Whom CONCEDE adopts: the most confident disagreeing peer, or the peers' plurality answer."""
+    early_stop: bool = False
+    """End the episode early when every agent PERSISTs on a unanimous answer."""
+    reintrospect_concede: bool = True
+    """Re-run the critic after a CONCEDE (else the agent copies the target's confidence)."""
+    reward_weights: Mapping[str, float] = field(default_factory=dict)
+    max_tokens: int = 512
+    critic_max_tokens: int = 48
+    temperature: float = 0.7
+    critic_temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_int("num_agents", self.num_agents, 1)
+        _check_int("max_rounds", self.max_rounds, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("critic_max_tokens", self.critic_max_tokens, 1)
+        if self.concede_target not in CONCEDE_TARGETS:
+            raise ValueError(f"concede_target must be one of {CONCEDE_TARGETS}, got {self.concede_target!r}")
+        for name in ("temperature", "critic_temperature"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 5.0:
+                raise ValueError(f"{name} must be a number in [0, 5], got {value!r}")
+        object.__setattr__(self, "reward_weights", check_weights(self.reward_weights))
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class AgentState:
+    """One agent's local state z_i = (answer, profile, confidence), plus bookkeeping."""
+
+    text: str = ""
+    answer: str | None = None
+    correct: bool = False
+    """Privileged: whether ``answer`` is right. Never part of an observation."""
+    confidence: float = 0.5
+    confidence_source: str = "none"
+    profile: tuple[float, ...] = (0.0,) * len(features.PROFILE_FEATURES)
+    last_action: Action | None = None
+    refinements: int = 0
+    step_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """Everything a round produced, per agent where it is a tuple."""
+
+    round: int
+    consensus: str | None
+    consensus_correct: bool
+    leave_one_out: tuple[str | None, ...]
+    components: tuple[dict[str, float], ...]
+    rewards: tuple[float, ...]
+    done: bool
+
+
+class Phase(Enum):
+    IDLE = "idle"
+    GENERATE = "generate"
+    CRITIC = "critic"
+    READY = "ready"
+
+
+def mix_seed(*parts: int) -> int:
+    """Combine integers into one 63-bit seed (splitmix64 steps; stable across runs and platforms)."""
+    state = 0x9E3779B97F4A7C15
+    for part in parts:
+        state = (state ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        state = (state ^ (state >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return state >> 1
+
+
+_CONFIDENCE = re.compile(r"(?i)confidence\s*[:=]?\s*(\d{1,3}(?:\.\d+)?)\s*(%?)")
+_BARE_NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")
+_VERDICT = re.compile(r"(?i)^\W*(yes|no)\b")
+
+
+def parse_confidence(completion: Completion) -> tuple[float, str]:
+    """Confidence from a critic completion, and its source.
+
+    ``logprobs``: P(yes) / (P(yes) + P(no)) from the first token's log-probabilities;
+    ``verbalized``: the number the critic wrote; ``verdict``: a bare Yes (0.75) or No (0.25);
+    ``default``: 0.5 when the critic wrote nothing usable.
+    """
+    if completion.top_logprobs:
+        yes = no = 0.0
+        for token, logprob in completion.top_logprobs.items():
+            word = token.strip().lower()
+            if word == "yes":
+                yes += exp(logprob)
+            elif word == "no":
+                no += exp(logprob)
+        if yes + no > 0:
+            return yes / (yes + no), "logprobs"
+    text = completion.text
+    match = _CONFIDENCE.search(text)
+    if match:
+        value = float(match.group(1))
+        if match.group(2) or value > 1.0:
+            value /= 100.0
+        if 0.0 <= value <= 1.0:
+            return value, "verbalized"
+    match = _BARE_NUMBER.search(text)
+    if match:
+        return float(match.group(1)), "verbalized"
+    match = _VERDICT.search(text)
+    if match:
+        return (0.75 if match.group(1).lower() == "yes" else 0.25), "verdict"
+    return 0.5, "default"
+
+
+class Deliberation:
+    """N agents deliberating on one problem (see the module docstring for the protocol)."""
+
+    def __init__(self, task: Task, config: DeliberationConfig):
+        self.task = task
+        self.config = config
+        self.agents: list[AgentState] = []
+        self.problem: Problem | None = None
+        self.round = 0
+        self.done = False
+        self.phase = Phase.IDLE
+        self._seed = 0
+        self._pending: list[Request] = []
+        self._changed: list[int] = []
+        self._correct_before: tuple[bool, ...] = ()
+        self._grades: dict[str | None, bool] = {}
+        self._all_persist = False
+        self._starting = False
+
+    # ----------------------------------------------------------------- phases
+    def start(self, problem: Problem, seed: int) -> None:
+        """Begin an episode: every agent solves the problem (round 0)."""
+        self.problem, self._seed = problem, int(seed)
+        self.agents = [AgentState() for _ in range(self.config.num_agents)]
+        self.round, self.done, self._grades = 0, False, {}
+        self._changed, self._starting = [], True
+        messages = self.task.solve_messages(problem)
+        self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
+
+    def begin_round(self, actions: Sequence[Action]) -> None:
+        """Apply one meta-action per agent (already validated and legal)."""
+        if self.phase is not Phase.IDLE or self.done:
+            raise RuntimeError("begin_round() needs a finished, not yet terminated round")
+        assert self.problem is not None
+        self._correct_before = tuple(agent.correct for agent in self.agents)
+        snapshot = [(agent.answer, agent.text) for agent in self.agents]
+        targets = [self.concede_target(i) for i in range(len(self.agents))]
+        jobs = []
+        self._changed = []
+        for i, (agent, action) in enumerate(zip(self.agents, actions)):
+            agent.last_action, agent.step_tokens = Action(action), 0
+            if action == Action.REFINE:
+                peers = [PeerView(snapshot[j][0], short_rationale(snapshot[j][1])) for j in self.peer_indices(i)]
+                jobs.append((i, self.task.refine_messages(self.problem, agent.text, peers), "refine"))
+                agent.refinements += 1
+            elif action == Action.CONCEDE:
+                self._concede(i, targets[i])
+        self._all_persist = all(action == Action.PERSIST for action in actions)
+        if jobs:
+            self._request_generation(jobs)
+        else:
+            self._request_critics()
+
+    def pending_requests(self) -> list[Request]:
+        """The generations this deliberation waits for (empty when it can go on)."""
+        return list(self._pending)
+
+    def receive(self, completions: Sequence[Completion]) -> None:
+        """Hand over the completions of ``pending_requests()``, in the same order."""
+        if len(completions) != len(self._pending):
+            raise ValueError(f"expected {len(self._pending)} completions, got {len(completions)}")
+        requests, self._pending = self._pending, []
+        if self.phase is Phase.GENERATE:
+            for request, completion in zip(requests, completions):
+                self._absorb_solution(request.agent, completion)
+            self._request_critics()
+        elif self.phase is Phase.CRITIC:
+            for request, completion in zip(requests, completions):
+                agent = self.agents[request.agent]
+                agent.confidence, agent.confidence_source = parse_confidence(completion)
+                self._spend(agent, completion)
+            self.phase = Phase.READY
+        else:
+            raise RuntimeError(f"receive() called with nothing pending (phase {self.phase.value})")
+        if self.phase is Phase.READY and self._starting:
+            self._starting = False
+            self.phase = Phase.IDLE  # round 0 needs no finish_round()
+
+    def finish_round(self) -> RoundOutcome:
+        """Close the round: consensus, leave-one-out, rewards, termination."""
+        if self.phase is not Phase.READY:
+            raise RuntimeError(f"finish_round() before all completions arrived (phase {self.phase.value})")
+        self.phase = Phase.IDLE
+        self.round += 1
+        unanimous = self.agents[0].answer is not None and len({a.answer for a in self.agents}) == 1
+        self.done = self.round >= self.config.max_rounds or (
+            self.config.early_stop and self._all_persist and unanimous
+        )
+        consensus = self.consensus()
+        answers = [a.answer for a in self.agents]
+        confidences = [a.confidence for a in self.agents]
+        loo = tuple(plurality(answers, confidences, exclude=i) for i in range(len(answers)))
+        facts = RoundFacts(
+            correct_before=self._correct_before,
+            correct_after=tuple(a.correct for a in self.agents),
+            consensus_correct=self.grade(consensus),
+            leave_one_out_correct=tuple(self.grade(answer) for answer in loo),
+            tokens=tuple(a.step_tokens for a in self.agents),
+            final=self.done,
+        )
+        components = tuple(reward_components(facts, i) for i in range(len(self.agents)))
+        weights = self.config.reward_weights
+        rewards = tuple(total_reward(c, weights) for c in components)
+        return RoundOutcome(self.round, consensus, facts.consensus_correct, loo, components, rewards, self.done)
+
+    # ------------------------------------------------------------- queries
+    def consensus(self) -> str | None:
+        return plurality([a.answer for a in self.agents], [a.confidence for a in self.agents])
+
+    def grade(self, answer: str | None) -> bool:
+        """Grade an answer once per episode (graders may run code)."""
+        if answer not in self._grades:
+            assert self.problem is not None
+            self._grades[answer] = answer is not None and bool(self.task.grade(self.problem, answer))
+        return self._grades[answer]
+
+    def concede_target(self, agent: int) -> int | None:
+        """The peer ``agent`` would adopt with CONCEDE, or None when no peer disagrees with an answer."""
+        own = self.agents[agent].answer
+        others = [j for j in range(len(self.agents)) if j != agent and self.agents[j].answer not in (None, own)]
+        if not others:
+            return None
+        if self.config.concede_target == "plurality":
+            answers = [a.answer if j in others else None for j, a in enumerate(self.agents)]
+            chosen = plurality(answers, [a.confidence for a in self.agents])
+            others = [j for j in others if self.agents[j].answer == chosen]
+        return max(others, key=lambda j: (self.agents[j].confidence, -j))
+
+    def action_mask(self, agent: int) -> np.ndarray:
+        """int8 [PERSIST, REFINE, CONCEDE]: CONCEDE only when a concede target exists."""
+        return np.array([1, 1, 0 if self.concede_target(agent) is None else 1], dtype=np.int8)
+
+    def oracle_action(self, agent: int) -> Action:
+        """The oracle label of METHOD.md: PERSIST if correct, CONCEDE if the target is correct, else REFINE."""
+        if self.agents[agent].correct:
+            return Action.PERSIST
+        target = self.concede_target(agent)
+        if target is not None and self.agents[target].correct:
+            return Action.CONCEDE
+        return Action.REFINE
+
+    def feature_matrix(self) -> np.ndarray:
+        """One row of ``features.FEATURES`` per agent (float32, shape (N, NUM_FEATURES))."""
+        answers = [a.answer for a in self.agents]
+        consensus = self.consensus()
+        supports = support(answers)
+        rows = np.zeros((len(self.agents), features.NUM_FEATURES), dtype=np.float32)
+        for i, agent in enumerate(self.agents):
+            row = rows[i]
+            row[0] = agent.answer is not None
+            row[1] = supports[i]
+            row[2] = agent.answer is not None and agent.answer == consensus
+            row[3] = agent.confidence
+            row[features.PROFILE_OFFSET : features.ACTION_OFFSET] = agent.profile
+            row[features.ACTION_OFFSET + (0 if agent.last_action is None else 1 + agent.last_action)] = 1.0
+        rows[:, -1] = self.round / self.config.max_rounds
+        return rows
+
+    def peer_indices(self, agent: int) -> list[int]:
+        """Peers in a fixed order relative to ``agent``: agent+1, agent+2, ... (cyclic)."""
+        count = self.config.num_agents
+        return [(agent + offset) % count for offset in range(1, count)]
+
+    # ------------------------------------------------------------ internals
+    def _context(self, agent: int) -> SimContext:
+        assert self.problem is not None
+        peers = self.peer_indices(agent)
+        return SimContext(
+            task=self.task,
+            problem=self.problem,
+            own_answer=self.agents[agent].answer,
+            own_correct=self.agents[agent].correct,
+            peer_answers=tuple(self.agents[j].answer for j in peers),
+            peer_correct=tuple(self.agents[j].correct for j in peers),
+        )
+
+    def _request(self, agent: int, messages, kind: str) -> Request:
+        critic = kind == "critic"
+        config = self.config
+        return Request(
+            messages=messages,
+            kind=kind,  # type: ignore[arg-type]
+            agent=agent,
+            seed=mix_seed(self._seed, self.round, agent, _KIND_IDS[kind]),
+            max_tokens=config.critic_max_tokens if critic else config.max_tokens,
+            temperature=config.critic_temperature if critic else config.temperature,
+            logprobs=critic,
+            context=self._context(agent),
+        )
+
+    def _request_generation(self, jobs) -> None:
+        self._pending = [self._request(agent, messages, kind) for agent, messages, kind in jobs]
+        self._changed = sorted(set(self._changed) | {agent for agent, _, _ in jobs})
+        self.phase = Phase.GENERATE
+
+    def _request_critics(self) -> None:
+        assert self.problem is not None
+        self._pending = [
+            self._request(i, self.task.critic_messages(self.problem, self.agents[i].text), "critic")
+            for i in self._changed
+        ]
+        self.phase = Phase.CRITIC if self._pending else Phase.READY
+
+    def _absorb_solution(self, index: int, completion: Completion) -> None:
+        agent = self.agents[index]
+        try:
+            answer = self.task.extract_answer(completion.text)
+        except Exception:  # an extractor bug must not crash the env on odd model output
+            answer = None
+        changed = answer != agent.answer
+        agent.text, agent.answer = completion.text, answer
+        agent.correct = self.grade(answer)
+        agent.profile = (
+            *features.text_profile(completion.text, completion.completion_tokens, self.config.max_tokens),
+            agent.refinements / self.config.max_rounds,
+            1.0 if changed and self.round > 0 else 0.0,
+        )
+        self._spend(agent, completion)
+
+    def _concede(self, index: int, target: int | None) -> None:
+        if target is None:  # masked; the adapter decides whether that is an error
+            return
+        agent, source = self.agents[index], self.agents[target]
+        changed = source.answer != agent.answer
+        agent.text, agent.answer, agent.correct = source.text, source.answer, source.correct
+        agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))
+        if self.config.reintrospect_concede:
+            self._changed.append(index)
+        else:
+            agent.confidence, agent.confidence_source = source.confidence, source.confidence_source
+
+    @staticmethod
+    def _spend(agent: AgentState, completion: Completion) -> None:
+        agent.step_tokens += completion.tokens
+        agent.total_tokens += completion.tokens

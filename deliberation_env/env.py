@@ -1,0 +1,360 @@
+"""Multi-agent LLM deliberation as a PettingZoo ParallelEnv (a Dec-POMDP).
+
+N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for up to
+``max_rounds`` rounds; each ``step`` is one round in which every agent picks a meta-action.
+
+| Import             | ``deliberation_env.parallel_env(task="arithmetic", backend="sim")``        |
+|--------------------|-----------------------------------------------------------------------------|
+| Actions            | Discrete(3): PERSIST = 0, REFINE = 1, CONCEDE = 2                           |
+| Parallel API       | yes (AEC form: ``deliberation_env.env(...)``)                               |
+| Agents             | ``agent_0`` ... ``agent_{N-1}`` (N = ``num_agents``, default 3)             |
+| Action shape       | scalar int                                                                  |
+| Observation        | Dict, identical space for every agent (below)                               |
+| Episode length     | ``max_rounds`` steps (default 3); optionally earlier, see ``early_stop``    |
+
+Observation of agent i (F = ``features.NUM_FEATURES`` = 16 floats in [0, 1] per agent, see
+``deliberation_env.core.features`` for every column):
+
+| key            | space                         | content                                                 |
+|----------------|-------------------------------|---------------------------------------------------------|
+| ``self``       | Box(0, 1, (F,), float32)      | the agent's own state: answer schema, confidence, profile, last action, round |
+| ``peers``      | Box(0, 1, (N-1, F), float32)  | the peers' rows, in the fixed order i+1, i+2, ... (mod N)  |
+| ``agreement``  | Box(0, 1, (N-1,), float32)    | 1 where that peer holds the same answer as agent i       |
+| ``action_mask``| Box(0, 1, (3,), int8)         | legal actions: CONCEDE needs a peer with a different answer |
+
+The ground truth never enters an observation.
+
+Rewards, per agent and round (``deliberation_env.core.rewards``): ``w_local * r_local +
+w_global * r_global + w_team * r_team + w_tokens * r_tokens`` with METHOD.md's r_local
+(own correctness change) and r_global (consensus correct minus leave-one-out consensus
+correct); weights from ``reward_weights=`` (default local 1, global 1, team 0, tokens 0).
+
+``infos[agent]`` each step (fresh dicts): ``answer``, ``confidence``, ``confidence_source``,
+``tokens`` (this step), ``tokens_total``, ``consensus``, ``round``, ``problem_id``,
+``action`` (the action applied), ``reward_<component>`` for every component, and the
+privileged ``correct``, ``consensus_correct``, ``concede_target`` (agent name or None),
+``concede_target_correct`` and ``oracle_action`` (for logging and training labels only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.utils import seeding
+from pettingzoo import ParallelEnv
+
+from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.core import features
+from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
+from deliberation_env.registry import BACKENDS, TASKS
+from deliberation_env.tasks.base import Problem, Task
+
+INVALID_ACTION_MODES = ("raise", "persist")
+_ENV_OPTIONS = {
+    "concede_target", "early_stop", "reintrospect_concede", "reward_weights", "max_tokens",
+    "critic_max_tokens", "temperature", "critic_temperature",
+}
+
+
+class DeliberationEnv(ParallelEnv):
+    """The ParallelEnv adapter around ``core.Deliberation`` (see the module docstring)."""
+
+    metadata = {"name": "deliberation_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+
+    def __init__(
+        self,
+        task: str | Task = "arithmetic",
+        backend: str | Backend | Sequence[Backend] = "sim",
+        num_agents: int = 3,
+        max_rounds: int = 3,
+        data_dir: str | None = None,
+        split: str = "test",
+        render_mode: str | None = None,
+        *,
+        invalid_action: str = "raise",
+        task_kwargs: Mapping[str, Any] | None = None,
+        backend_kwargs: Mapping[str, Any] | None = None,
+        cache: str | None = None,
+        **options: Any,
+    ):
+        unknown = sorted(set(options) - _ENV_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {unknown}; accepted: {sorted(_ENV_OPTIONS | {'invalid_action', 'task_kwargs', 'backend_kwargs', 'cache'})}"
+            )
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if invalid_action not in INVALID_ACTION_MODES:
+            raise ValueError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
+        self.config = DeliberationConfig(num_agents=num_agents, max_rounds=max_rounds, **options)
+        self.task = self._make_task(task, data_dir, dict(task_kwargs or {}))
+        self.split = split
+        self.problems: Sequence[Problem] = self.task.problems(split)
+        if len(self.problems) == 0:
+            raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
+        self.backends = self._make_backends(backend, dict(backend_kwargs or {}), cache)
+        self.render_mode = render_mode
+        self.invalid_action = invalid_action
+
+        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
+        self.agents: list[str] = []
+        self._index = {name: i for i, name in enumerate(self.possible_agents)}
+        peers = num_agents - 1
+        row = gymnasium.spaces.Box(0.0, 1.0, (features.NUM_FEATURES,), np.float32)
+        space = gymnasium.spaces.Dict(
+            {
+                "self": row,
+                "peers": gymnasium.spaces.Box(0.0, 1.0, (peers, features.NUM_FEATURES), np.float32),
+                "agreement": gymnasium.spaces.Box(0.0, 1.0, (peers,), np.float32),
+                "action_mask": gymnasium.spaces.Box(0, 1, (len(Action),), np.int8),
+            }
+        )
+        self.observation_spaces = {agent: space for agent in self.possible_agents}
+        self.action_spaces = {agent: gymnasium.spaces.Discrete(len(Action)) for agent in self.possible_agents}
+        self.deliberation = Deliberation(self.task, self.config)
+        self._peer_rows = [np.array(self.deliberation.peer_indices(i), dtype=np.intp) for i in range(num_agents)]
+        self.np_random, self.np_random_seed = seeding.np_random(None)
+        self._last: RoundOutcome | None = None
+        self._last_actions: list[Action | None] = [None] * num_agents
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _make_task(task: str | Task, data_dir: str | None, kwargs: dict[str, Any]) -> Task:
+        if isinstance(task, str):
+            return TASKS.make(task, data_dir=data_dir, **kwargs)
+        for method in ("problems", "extract_answer", "grade", "solve_messages", "refine_messages", "critic_messages"):
+            if not callable(getattr(task, method, None)):
+                raise TypeError(f"task must be a registered name or a Task object; {task!r} has no {method}()")
+        return task
+
+    def _make_backends(self, backend: Any, kwargs: dict[str, Any], cache: str | None) -> list[Backend]:
+        count = self.config.num_agents
+        if isinstance(backend, str):
+            backends = [BACKENDS.make(backend, **kwargs)] * count
+        elif isinstance(backend, Sequence):
+            backends = list(backend)
+            if len(backends) != count:
+                raise ValueError(f"backend list has {len(backends)} entries but num_agents is {count}: give one per agent")
+        else:
+            backends = [backend] * count
+        for item in backends:
+            if not callable(getattr(item, "generate", None)):
+                raise TypeError(f"backend must be a registered name ({', '.join(BACKENDS.names())}), a Backend or a list of Backends; got {item!r}")
+        if cache is not None:
+            from deliberation_env.backends.cache import CachedBackend
+
+            wrapped: dict[int, Backend] = {}
+            backends = [wrapped.setdefault(id(b), CachedBackend(b, cache)) for b in backends]
+        return backends
+
+    # ------------------------------------------------------------------ PettingZoo API
+    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> gymnasium.spaces.Discrete:
+        return self.action_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        if seed is not None:
+            self.np_random, self.np_random_seed = seeding.np_random(seed)
+        problem = self._pick_problem(dict(options or {}))
+        episode_seed = int(self.np_random.integers(0, 2**62))
+        self.begin_reset(problem, episode_seed)
+        self.run_pending()
+        return self.end_reset()
+
+    def step(self, actions: Mapping[str, Any]):
+        self.begin_step(actions)
+        self.run_pending()
+        return self.end_step()
+
+    # The phased form of reset/step: a batching runner gathers pending_requests() of many envs,
+    # answers them in one backend call, hands each env its completions, then ends the step.
+    def begin_reset(self, problem: Problem, episode_seed: int) -> None:
+        self.deliberation.start(problem, episode_seed)
+        self._last, self._last_actions = None, [None] * self.config.num_agents
+
+    def end_reset(self):
+        self.agents = list(self.possible_agents)
+        observations = self._observations()
+        infos = self._infos(None)
+        return observations, infos
+
+    def begin_step(self, actions: Mapping[str, Any]) -> None:
+        self.deliberation.begin_round(self._validate(actions))
+
+    def end_step(self):
+        outcome = self.deliberation.finish_round()
+        self._last = outcome
+        observations = self._observations()
+        rewards = {agent: outcome.rewards[i] for i, agent in enumerate(self.agents)}
+        terminations = {agent: outcome.done for agent in self.agents}
+        truncations = {agent: False for agent in self.agents}
+        infos = self._infos(outcome)
+        if self.render_mode == "human":
+            self.render()
+        if outcome.done:
+            self.agents = []
+        return observations, rewards, terminations, truncations, infos
+
+    def pending_requests(self) -> list[Request]:
+        return self.deliberation.pending_requests()
+
+    def receive(self, completions: Sequence[Completion]) -> None:
+        self.deliberation.receive(completions)
+
+    def run_pending(self) -> None:
+        """Answer the pending requests with this env's backend(s), one batch per backend per phase."""
+        while requests := self.deliberation.pending_requests():
+            self.deliberation.receive(generate_grouped(requests, self.backends))
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'")
+            return None
+        text = self._render_text()
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        for backend in {id(b): b for b in self.backends}.values():
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()
+
+    def state(self) -> np.ndarray:
+        """The global state (all agents' feature rows, flattened): for centralised critics."""
+        return self.deliberation.feature_matrix().reshape(-1)
+
+    # ------------------------------------------------------------------ helpers
+    def _pick_problem(self, options: dict[str, Any]) -> Problem:
+        unknown = sorted(set(options) - {"problem_index", "problem_id"})
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {unknown}; accepted: problem_index, problem_id")
+        if "problem_index" in options:
+            index = options["problem_index"]
+            if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.problems):
+                raise ValueError(f"problem_index must be an integer in [0, {len(self.problems)}), got {index!r}")
+            return self.problems[int(index)]
+        if "problem_id" in options:
+            for problem in self.problems:
+                if problem.id == options["problem_id"]:
+                    return problem
+            raise ValueError(f"no problem with id {options['problem_id']!r} in split {self.split!r}")
+        return self.problems[int(self.np_random.integers(len(self.problems)))]
+
+    def _validate(self, actions: Mapping[str, Any]) -> list[Action]:
+        if not self.agents:
+            if self.deliberation.problem is None:
+                raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
+            raise RuntimeError("step() called after the episode ended; call env.reset() to start a new one")
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"actions must be a dict {{agent: action}}, got {type(actions).__name__}")
+        missing = [a for a in self.agents if a not in actions]
+        extra = [a for a in actions if a not in self._index]
+        if missing or extra:
+            raise KeyError(f"actions must have exactly one entry per live agent {self.agents}; missing {missing}, unknown {extra}")
+        chosen = []
+        for agent in self.agents:
+            value = actions[agent]
+            if isinstance(value, np.ndarray) and value.shape == ():
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < len(Action):
+                raise ValueError(
+                    f"action {value!r} for {agent} is not one of {[f'{a.value}={a.name}' for a in Action]}"
+                )
+            action = Action(int(value))
+            index = self._index[agent]
+            if action is Action.CONCEDE and self.deliberation.concede_target(index) is None:
+                if self.invalid_action == "raise":
+                    raise ValueError(
+                        f"CONCEDE is masked for {agent}: no peer holds a different answer (see obs['action_mask']); "
+                        "pass invalid_action='persist' to treat masked actions as PERSIST"
+                    )
+                action = Action.PERSIST
+            chosen.append(action)
+        self._last_actions = list(chosen)
+        return chosen
+
+    def _observations(self) -> dict[str, dict[str, np.ndarray]]:
+        rows = self.deliberation.feature_matrix()
+        answers = [a.answer for a in self.deliberation.agents]
+        observations = {}
+        for agent in self.agents:
+            i = self._index[agent]
+            peers = self._peer_rows[i]
+            own = answers[i]
+            observations[agent] = {
+                "self": rows[i].copy(),
+                "peers": rows[peers],
+                "agreement": np.array([own is not None and answers[j] == own for j in peers], dtype=np.float32),
+                "action_mask": self.deliberation.action_mask(i),
+            }
+        return observations
+
+    def _infos(self, outcome: RoundOutcome | None) -> dict[str, dict[str, Any]]:
+        core = self.deliberation
+        consensus = core.consensus()
+        consensus_correct = core.grade(consensus)
+        problem_id = core.problem.id if core.problem else None
+        infos = {}
+        for agent in self.agents:
+            i = self._index[agent]
+            state = core.agents[i]
+            target = core.concede_target(i)
+            components = outcome.components[i] if outcome else dict.fromkeys(core.config.reward_weights, 0.0)
+            action = self._last_actions[i]
+            infos[agent] = {
+                "answer": state.answer,
+                "confidence": float(state.confidence),
+                "confidence_source": state.confidence_source,
+                "tokens": int(state.step_tokens),
+                "tokens_total": int(state.total_tokens),
+                "consensus": consensus,
+                "round": core.round,
+                "problem_id": problem_id,
+                "action": None if action is None else action.name,
+                **{f"reward_{name}": float(value) for name, value in components.items()},
+                "correct": bool(state.correct),
+                "consensus_correct": bool(consensus_correct),
+                "concede_target": None if target is None else self.possible_agents[target],
+                "concede_target_correct": bool(target is not None and core.agents[target].correct),
+                "oracle_action": int(core.oracle_action(i)),
+            }
+        return infos
+
+    def _render_text(self) -> str:
+        core = self.deliberation
+        if core.problem is None:
+            return "(not reset)"
+        lines = [f"[{self.task.name}] problem {core.problem.id} - round {core.round}/{self.config.max_rounds}"]
+        for i, state in enumerate(core.agents):
+            action = "-" if state.last_action is None else state.last_action.name
+            mark = "right" if state.correct else "wrong"
+            lines.append(
+                f"  agent_{i}: answer={state.answer!s:>12}  conf={state.confidence:.2f}  action={action:<8} "
+                f"tokens={state.total_tokens:>5}  ({mark})"
+            )
+        consensus = core.consensus()
+        lines.append(f"  consensus: {consensus} ({'right' if core.grade(consensus) else 'wrong'}; gold {core.problem.answer})")
+        return "\n".join(lines)
+
+
+def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:
+    """Answer requests with each agent's backend: one ``generate`` call per distinct backend."""
+    if len({id(b) for b in backends}) == 1:
+        return backends[0].generate(requests)
+    groups: dict[int, list[int]] = {}
+    for position, request in enumerate(requests):
+        groups.setdefault(id(backends[request.agent]), []).append(position)
+    completions: list[Completion | None] = [None] * len(requests)
+    for positions in groups.values():
+        backend = backends[requests[positions[0]].agent]
+        for position, completion in zip(positions, backend.generate([requests[p] for p in positions])):
+            completions[position] = completion
+    return completions  # type: ignore[return-value]

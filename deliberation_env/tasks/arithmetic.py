@@ -1,0 +1,167 @@
+"""Procedural multi-step arithmetic word problems (the embedded default task).
+
+Needs no data and no network. Each problem starts from a quantity and applies
+``level + 1`` operations (add, remove, multiply, share equally, buy packs); the answer is
+an integer. Levels 1-5 set the number of steps and the size of the numbers. A split is a
+fixed, seeded list: ``train`` (2,000 problems) and ``test`` (500), with levels drawn uniformly.
+
+Distractors (for the simulated backend) are the answers of typical slips: skipping the
+last step, reversing one add/remove, off-by-one in a pack count.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from deliberation_env.tasks.base import BaseTask, Problem, Prompts
+from deliberation_env.tasks.numeric import extract_number, numbers_equal
+
+NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Iris", "Jonas")
+ITEMS = ("apples", "marbles", "books", "coins", "stickers", "pencils", "shells", "stamps")
+
+PROMPTS = Prompts(
+    system="You are a careful math assistant.",
+    solve=(
+        "Solve the problem step by step. End with a line 'The answer is N' where N is an integer.\n\n"
+        "Problem: {question}"
+    ),
+    refine=(
+        "Problem: {question}\n\nYour previous solution:\n{own_solution}\n\n"
+        "Other agents' answers:\n{peer_solutions}\n\n"
+        "Re-examine the problem using their reasoning where it helps. Solve it again step by step "
+        "and end with a line 'The answer is N'."
+    ),
+    critic=(
+        "Problem: {question}\n\nProposed solution:\n{solution}\n\n"
+        "Is the final answer correct? Reply 'Yes' or 'No', then 'Confidence: p' with p between 0 and 1."
+    ),
+)
+
+SPLITS = {"train": (0, 2000), "test": (1, 500)}
+
+
+def _apply(value: int, op: str, x: int, y: int) -> int:
+    if op == "add":
+        return value + x
+    if op == "remove":
+        return value - x
+    if op == "multiply":
+        return value * x
+    if op == "share":
+        return value // x
+    return value + x * y  # packs
+
+
+def _describe(op: str, name: str, item: str, x: int, y: int) -> str:
+    return {
+        "add": f"{name} finds {x} more {item}.",
+        "remove": f"{name} gives away {x} {item}.",
+        "multiply": f"{name}'s pile of {item} grows to {x} times its size.",
+        "share": f"{name} splits the {item} equally into {x} boxes and keeps one box.",
+        "packs": f"{name} buys {x} packs with {y} {item} in each.",
+    }[op]
+
+
+def generate_problem(rng: random.Random, level: int, index: int, split: str) -> Problem:
+    """One seeded problem of the given level (1-5)."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    scale = 10 * level
+    value = rng.randint(5, 5 + 4 * scale)
+    start = value
+    steps: list[tuple[str, int, int, int]] = []  # (op, x, y, value after)
+    for _ in range(level + 1):
+        op = rng.choice(("add", "remove", "multiply", "share", "packs"))
+        x, y = rng.randint(2, 2 + scale), 0
+        if op == "multiply":
+            x = rng.randint(2, 4)
+        elif op == "share":
+            divisors = [d for d in range(2, 10) if value % d == 0 and value // d >= 2]
+            if not divisors:
+                op = "add"
+            else:
+                x = rng.choice(divisors)
+        elif op == "remove" and value - x < 1:
+            op = "add"
+        elif op == "packs":
+            x, y = rng.randint(2, 6), rng.randint(2, 3 + level * 2)
+        value = _apply(value, op, x, y)
+        steps.append((op, x, y, value))
+    sentences = [f"{name} has {start} {item}."]
+    sentences += [_describe(op, name, item, x, y) for op, x, y, _ in steps]
+    sentences.append(f"How many {item} does {name} have now?")
+    return Problem(
+        id=f"arithmetic-{split}-{index}",
+        question=" ".join(sentences),
+        answer=str(value),
+        difficulty=(level - 1) / 4,
+        metadata={"level": level, "start": start, "steps": steps, "name": name, "item": item},
+    )
+
+
+class ArithmeticTask(BaseTask):
+    """Seeded multi-step integer word problems; exact grading."""
+
+    name = "arithmetic"
+
+    def __init__(self, data_dir: object = None, levels: Sequence[int] = (1, 2, 3, 4, 5), num_problems: int | None = None):
+        bad = [level for level in levels if level not in (1, 2, 3, 4, 5)]
+        if bad or not levels:
+            raise ValueError(f"arithmetic levels must be a non-empty subset of 1..5, got {tuple(levels)}")
+        if num_problems is not None and num_problems < 1:
+            raise ValueError(f"num_problems must be >= 1, got {num_problems}")
+        self.levels = tuple(levels)
+        self.num_problems = num_problems
+        self.prompts = PROMPTS
+        self._splits: dict[str, list[Problem]] = {}
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        if split not in SPLITS:
+            raise ValueError(f"arithmetic has splits {sorted(SPLITS)}, got {split!r}")
+        if split not in self._splits:
+            seed, count = SPLITS[split]
+            count = self.num_problems or count
+            rng = random.Random(f"arithmetic/{split}/{seed}/{self.levels}")
+            self._splits[split] = [
+                generate_problem(rng, rng.choice(self.levels), index, split) for index in range(count)
+            ]
+        return self._splits[split]
+
+    def extract_answer(self, text: str) -> str | None:
+        return extract_number(text)
+
+    def grade(self, problem: Problem, answer: str | None) -> bool:
+        return numbers_equal(answer, problem.answer)
+
+    def distractors(self, problem: Problem, rng: random.Random) -> list[str]:
+        steps, value0 = problem.metadata["steps"], problem.metadata["start"]
+        candidates: list[int] = []
+        if len(steps) > 1:
+            candidates.append(steps[-2][3])  # forgot the last step
+        for slip in range(len(steps)):  # one step done wrong
+            value = value0
+            for index, (op, x, y, _) in enumerate(steps):
+                if index == slip:
+                    op, x = {"add": ("remove", x), "remove": ("add", x), "multiply": ("add", x),
+                             "share": ("remove", x), "packs": ("packs", x + 1)}[op]
+                value = _apply(value, op, x, y)
+            candidates.append(value)
+        gold = int(problem.answer)
+        unique = list(dict.fromkeys(c for c in candidates if c != gold))
+        return [str(c) for c in unique[:4]] or [str(gold + 1)]
+
+    def render_solution(self, problem: Problem, answer: str | None, rng: random.Random) -> str:
+        if answer is None:  # no numbers at all, so nothing can be extracted
+            return "I tried to track the quantities but lost count, so I cannot give a final answer."
+        meta = problem.metadata
+        lines = [f"Start: {meta['start']} {meta['item']}."]
+        value = meta["start"]
+        for number, (op, x, y, after) in enumerate(meta["steps"], start=1):
+            symbol = {"add": f"+ {x}", "remove": f"- {x}", "multiply": f"* {x}", "share": f"/ {x}",
+                      "packs": f"+ {x} * {y}"}[op]
+            lines.append(f"Step {number}: {value} {symbol} = {after}.")
+            value = after
+        if answer != problem.answer:  # a slip: the last line shows the wrong value
+            lines[-1] = f"Step {len(meta['steps'])}: the total comes to {answer}."
+        lines.append(f"The answer is {answer}.")
+        return "\n".join(lines)
