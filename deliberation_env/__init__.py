@@ -33,4 +33,20 @@ def env(**kwargs: Any):
     return wrappers.OrderEnforcingWrapper(wrappers.AssertOutOfBoundsWrapper(aec))
 
 
-__all__ = ["Action", "BACKENDS", "DeliberationEnv", "TASKS", "env", "parallel_env", "raw_env", "__version__"]
+def _register_with_pettingzoo() -> None:
+    """Make ``pettingzoo.make("parallel", ENV_ID, ...)`` work where PettingZoo has a registry (>= 1.27)."""
+    import pettingzoo
+
+    register = getattr(pettingzoo, "register", None)
+    if register is None:
+        return
+    registries = (("parallel", "parallel_registry"), ("aec", "aec_registry"))
+    for env_type, attribute in registries:
+        if ENV_ID not in getattr(pettingzoo, attribute, {}):
+            register(env_type, ENV_ID, entry_point=f"deliberation_env:{'parallel_env' if env_type == 'parallel' else 'env'}")
+
+
+ENV_ID = "deliberation_env/Deliberation-v0"
+_register_with_pettingzoo()
+
+__all__ = ["ENV_ID", "Action", "BACKENDS", "DeliberationEnv", "TASKS", "env", "parallel_env", "raw_env", "__version__"]

@@ -234,8 +234,8 @@ class DeliberationEnv(ParallelEnv):
     # ------------------------------------------------------------------ helpers
     def _pick_problem(self, options: dict[str, Any]) -> Problem:
         unknown = sorted(set(options) - {"problem_index", "problem_id"})
-        if unknown:
-            raise ValueError(f"unknown reset option(s) {unknown}; accepted: problem_index, problem_id")
+        if unknown:  # options is free-form in PettingZoo; say what we ignore
+            gymnasium.logger.warn(f"reset() ignores unknown option(s) {unknown}; accepted: problem_index, problem_id")
         if "problem_index" in options:
             index = options["problem_index"]
             if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.problems):

@@ -185,6 +185,8 @@ class Deliberation:
         self._grades: dict[str | None, bool] = {}
         self._all_persist = False
         self._starting = False
+        self._derived: dict[str, object] = {}
+        self._parsed: dict[str, tuple[str | None, tuple[float, ...]]] = {}
 
     # ----------------------------------------------------------------- phases
     def start(self, problem: Problem, seed: int) -> None:
@@ -193,6 +195,9 @@ class Deliberation:
         self.agents = [AgentState() for _ in range(self.config.num_agents)]
         self.round, self.done, self._grades = 0, False, {}
         self._changed, self._starting = [], True
+        self._derived = {}
+        if len(self._parsed) > 4096:  # texts repeat within and across episodes; keep the memo bounded
+            self._parsed.clear()
         messages = self.task.solve_messages(problem)
         self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
 
@@ -206,6 +211,7 @@ class Deliberation:
         targets = [self.concede_target(i) for i in range(len(self.agents))]
         jobs = []
         self._changed = []
+        self._derived = {}
         for i, (agent, action) in enumerate(zip(self.agents, actions)):
             agent.last_action, agent.step_tokens = Action(action), 0
             if action == Action.REFINE:
@@ -229,6 +235,7 @@ class Deliberation:
         if len(completions) != len(self._pending):
             raise ValueError(f"expected {len(self._pending)} completions, got {len(completions)}")
         requests, self._pending = self._pending, []
+        self._derived = {}
         if self.phase is Phase.GENERATE:
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
@@ -274,7 +281,9 @@ class Deliberation:
 
     # ------------------------------------------------------------- queries
     def consensus(self) -> str | None:
-        return plurality([a.answer for a in self.agents], [a.confidence for a in self.agents])
+        if "consensus" not in self._derived:
+            self._derived["consensus"] = plurality([a.answer for a in self.agents], [a.confidence for a in self.agents])
+        return self._derived["consensus"]  # type: ignore[return-value]
 
     def grade(self, answer: str | None) -> bool:
         """Grade an answer once per episode (graders may run code)."""
@@ -285,6 +294,12 @@ class Deliberation:
 
     def concede_target(self, agent: int) -> int | None:
         """The peer ``agent`` would adopt with CONCEDE, or None when no peer disagrees with an answer."""
+        targets = self._derived.get("targets")
+        if targets is None:
+            targets = self._derived["targets"] = [self._find_target(i) for i in range(len(self.agents))]
+        return targets[agent]  # type: ignore[index]
+
+    def _find_target(self, agent: int) -> int | None:
         own = self.agents[agent].answer
         others = [j for j in range(len(self.agents)) if j != agent and self.agents[j].answer not in (None, own)]
         if not others:
@@ -371,16 +386,23 @@ class Deliberation:
         self.phase = Phase.CRITIC if self._pending else Phase.READY
 
     def _absorb_solution(self, index: int, completion: Completion) -> None:
-        agent = self.agents[index]
-        try:
-            answer = self.task.extract_answer(completion.text)
-        except Exception:  # an extractor bug must not crash the env on odd model output
-            answer = None
+        agent, text = self.agents[index], completion.text
+        parsed = self._parsed.get(text)
+        if parsed is None:
+            try:
+                answer = self.task.extract_answer(text)
+            except Exception:  # an extractor bug must not crash the env on odd model output
+                answer = None
+            parsed = self._parsed[text] = (answer, features.text_profile(text))
+        answer, text_features = parsed
         changed = answer != agent.answer
-        agent.text, agent.answer = completion.text, answer
+        agent.text, agent.answer = text, answer
         agent.correct = self.grade(answer)
+        length = min(completion.completion_tokens / self.config.max_tokens, 1.0)
         agent.profile = (
-            *features.text_profile(completion.text, completion.completion_tokens, self.config.max_tokens),
+            text_features[0],
+            length,
+            *text_features[1:],
             agent.refinements / self.config.max_rounds,
             1.0 if changed and self.round > 0 else 0.0,
         )

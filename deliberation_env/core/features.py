@@ -50,12 +50,11 @@ _CHECKED = re.compile(r"(?i)\b(?:double-check|check|checking|verify|verified|ver
 _HEDGED = re.compile(r"(?i)\b(?:not sure|unsure|maybe|perhaps|might be|i think|i guess|probably)\b")
 
 
-def text_profile(text: str, completion_tokens: int, max_tokens: int) -> tuple[float, float, float, float, float]:
-    """The text-derived part of the profile (steps, length, equations, checked, hedged)."""
+def text_profile(text: str) -> tuple[float, float, float, float]:
+    """The part of the profile read off the text alone: steps, equations, checked, hedged."""
     lines = sum(1 for line in text.splitlines() if line.strip())
     return (
         min(lines / 10.0, 1.0),
-        min(completion_tokens / max(max_tokens, 1), 1.0),
         min(text.count("=") / 10.0, 1.0),
         1.0 if _CHECKED.search(text) else 0.0,
         1.0 if _HEDGED.search(text) else 0.0,

@@ -114,6 +114,7 @@ class ArithmeticTask(BaseTask):
         self.num_problems = num_problems
         self.prompts = PROMPTS
         self._splits: dict[str, list[Problem]] = {}
+        self._rendered: dict[tuple[str, str], str] = {}
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in SPLITS:
@@ -153,6 +154,15 @@ class ArithmeticTask(BaseTask):
     def render_solution(self, problem: Problem, answer: str | None, rng: random.Random) -> str:
         if answer is None:  # no numbers at all, so nothing can be extracted
             return "I tried to track the quantities but lost count, so I cannot give a final answer."
+        key = (problem.id, answer)
+        if key not in self._rendered:
+            if len(self._rendered) > 20_000:
+                self._rendered.clear()
+            self._rendered[key] = self._render(problem, answer)
+        return self._rendered[key]
+
+    @staticmethod
+    def _render(problem: Problem, answer: str) -> str:
         meta = problem.metadata
         lines = [f"Start: {meta['start']} {meta['item']}."]
         value = meta["start"]

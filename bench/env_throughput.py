@@ -1,0 +1,60 @@
+"""Deliberation rounds per second of the sim env, against PettingZoo's rps_v2 as the floor.
+
+    python bench/env_throughput.py --seconds 5
+
+Both envs run the same loop in the same process: reset with a seed, then random legal
+actions drawn from the action masks until the episode ends (3 agents, 3 rounds for ours).
+A "round" is one ``step`` call; resets are included in the time. Prints rounds/s of each
+and their ratio (ours / rps_v2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from pettingzoo.classic import rps_v2
+
+import deliberation_env
+
+
+def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
+    """Run whole episodes with random legal actions for about ``seconds``; return (rounds/s, rounds)."""
+    rng = np.random.default_rng(seed)
+    rounds, episode = 0, 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        observations, _ = env.reset(seed=seed + episode)
+        episode += 1
+        while env.agents:
+            actions = {}
+            for agent in env.agents:
+                obs = observations[agent]
+                if isinstance(obs, dict) and "action_mask" in obs:
+                    actions[agent] = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+                else:
+                    actions[agent] = int(rng.integers(env.action_space(agent).n))
+            observations, *_ = env.step(actions)
+            rounds += 1
+    return rounds / (time.perf_counter() - start), rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="time budget per env")
+    parser.add_argument("--agents", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", num_agents=args.agents, max_rounds=args.rounds)
+    floor = rps_v2.parallel_env(max_cycles=args.rounds)
+    ours_rate, ours_rounds = rounds_per_second(ours, args.seconds)
+    floor_rate, floor_rounds = rounds_per_second(floor, args.seconds)
+    print(f"config: task=arithmetic backend=sim agents={args.agents} rounds={args.rounds} seconds={args.seconds}")
+    print(f"deliberation_env (sim): {ours_rate:10.0f} rounds/s  ({ours_rounds} rounds)")
+    print(f"pettingzoo rps_v2     : {floor_rate:10.0f} rounds/s  ({floor_rounds} rounds)")
+    print(f"ratio ours / rps_v2   : {ours_rate / floor_rate:10.3f}")
+
+
+if __name__ == "__main__":
+    main()

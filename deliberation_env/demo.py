@@ -1,0 +1,78 @@
+"""Play a few deliberation episodes and print a transcript.
+
+    python -m deliberation_env.demo                       # arithmetic task, sim backend
+    python -m deliberation_env.demo --policy threshold --episodes 5 --show-text
+    python -m deliberation_env.demo --task gsm8k --data-dir ../shared/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+import numpy as np
+
+import deliberation_env
+from deliberation_env.core.deliberation import Action
+
+POLICIES = ("random", "persist", "refine", "threshold")
+
+
+def choose(policy: str, observation: dict, info: dict, rng: np.random.Generator, threshold: float) -> int:
+    """A fixed meta-policy for the demo (the trainable ones live in ``baselines``)."""
+    mask = observation["action_mask"]
+    if policy == "random":
+        return int(rng.choice(np.flatnonzero(mask)))
+    if policy == "persist":
+        return int(Action.PERSIST)
+    if policy == "refine":
+        return int(Action.REFINE)
+    if info["confidence"] >= threshold:
+        return int(Action.PERSIST)
+    return int(Action.CONCEDE if mask[Action.CONCEDE] else Action.REFINE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="arithmetic", help="task name (default: arithmetic)")
+    parser.add_argument("--backend", default="sim", help="backend name (default: sim)")
+    parser.add_argument("--data-dir", default=None, help="benchmark data folder (else $DELIBERATION_ENV_DATA)")
+    parser.add_argument("--episodes", type=int, default=3)
+    parser.add_argument("--agents", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policy", choices=POLICIES, default="random")
+    parser.add_argument("--threshold", type=float, default=0.7, help="confidence threshold of --policy threshold")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show-text", action="store_true", help="print each agent's latest text")
+    args = parser.parse_args(argv)
+
+    env = deliberation_env.parallel_env(task=args.task, backend=args.backend, num_agents=args.agents,
+                                        max_rounds=args.rounds, data_dir=args.data_dir, render_mode="ansi")
+    rng = np.random.default_rng(args.seed)
+    solved, tokens = 0, 0
+    for episode in range(args.episodes):
+        observations, infos = env.reset(seed=args.seed + episode)
+        print(f"\n=== episode {episode} ===")
+        print(textwrap.fill(env.deliberation.problem.question, 100))
+        print(env.render())
+        episode_tokens = sum(info["tokens"] for info in infos.values())
+        while env.agents:
+            actions = {agent: choose(args.policy, observations[agent], infos[agent], rng, args.threshold)
+                       for agent in env.agents}
+            observations, rewards, _, _, infos = env.step(actions)
+            episode_tokens += sum(info["tokens"] for info in infos.values())
+            print(env.render())
+            print("  rewards: " + ", ".join(f"{agent}={reward:+.1f}" for agent, reward in rewards.items()))
+        if args.show_text:
+            for index, state in enumerate(env.deliberation.agents):
+                print(f"--- agent_{index} text ---\n{state.text}")
+        final = next(iter(infos.values()))
+        solved += final["consensus_correct"]
+        tokens += episode_tokens
+        print(f"  final consensus {final['consensus']!r}: {'correct' if final['consensus_correct'] else 'wrong'}; "
+              f"{episode_tokens} tokens")
+    print(f"\n{solved}/{args.episodes} solved, {tokens / args.episodes:.0f} tokens per problem (policy: {args.policy})")
+
+
+if __name__ == "__main__":
+    main()

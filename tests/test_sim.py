@@ -1,0 +1,95 @@
+"""The simulated backend: deterministic, and realistic in the ways the issue asks for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import deliberation_env
+from deliberation_env import Action
+from deliberation_env.backends import SimBackend, SimConfig
+from deliberation_env.tasks.arithmetic import ArithmeticTask
+
+
+def first_round_stats(episodes=300, **knobs):
+    env = deliberation_env.parallel_env(backend_kwargs=knobs)
+    correct, confidence_right, confidence_wrong, majority_wrong = np.zeros(3), [], [], 0
+    for seed in range(episodes):
+        _, infos = env.reset(seed=seed)
+        for i in range(3):
+            info = infos[f"agent_{i}"]
+            correct[i] += info["correct"]
+            (confidence_right if info["correct"] else confidence_wrong).append(info["confidence"])
+        answers = [infos[f"agent_{i}"]["answer"] for i in range(3)]
+        wrong = [a for a, i in zip(answers, range(3)) if not infos[f"agent_{i}"]["correct"] and a is not None]
+        majority_wrong += len(wrong) >= 2 and len(set(wrong)) < len(wrong)
+    return correct / episodes, np.mean(confidence_right), np.mean(confidence_wrong), majority_wrong / episodes
+
+
+def test_heterogeneous_skill_informative_confidence_and_shared_wrong_answers():
+    accuracy, conf_right, conf_wrong, shared_wrong = first_round_stats()
+    assert accuracy[0] > accuracy[1] > accuracy[2]  # per-agent skill
+    assert conf_right > conf_wrong + 0.1  # informative ...
+    assert conf_wrong > 0.45  # ... but noisy and over-confident
+    assert shared_wrong > 0.05  # wrong agents often agree: a majority can be wrong
+
+
+def test_difficulty_lowers_accuracy():
+    task = ArithmeticTask(levels=(1,))
+    easy = deliberation_env.parallel_env(task=task)
+    hard = deliberation_env.parallel_env(task=ArithmeticTask(levels=(5,)))
+    def accuracy(env):
+        return np.mean([env.reset(seed=s)[1]["agent_1"]["correct"] for s in range(200)])
+    assert accuracy(easy) > accuracy(hard) + 0.2
+
+
+def refine_effect(peer_right: bool, own_right: bool, trials=400):
+    """P(right after REFINE) for agent 0 given its own and its peers' correctness at round 0."""
+    env = deliberation_env.parallel_env()
+    after, count = 0, 0
+    for seed in range(trials * 6):
+        _, infos = env.reset(seed=seed)
+        if infos["agent_0"]["correct"] != own_right:
+            continue
+        if any(infos[f"agent_{i}"]["correct"] != peer_right for i in (1, 2)):
+            continue
+        _, _, _, _, infos = env.step({"agent_0": Action.REFINE, "agent_1": Action.PERSIST, "agent_2": Action.PERSIST})
+        after += infos["agent_0"]["correct"]
+        count += 1
+        if count == trials:
+            break
+    assert count > 30, "not enough matching episodes"
+    return after / count
+
+
+def test_refine_helps_with_right_peers_and_sycophancy_hurts_right_agents():
+    assert refine_effect(peer_right=True, own_right=False) > 0.6
+    assert refine_effect(peer_right=False, own_right=False) < 0.45
+    sycophantic = refine_effect(peer_right=False, own_right=True)
+    assert 0.3 < sycophantic < 0.9  # a right agent among wrong peers sometimes caves in
+
+
+def test_sim_text_is_in_task_format_and_tokens_realistic():
+    env = deliberation_env.parallel_env()
+    _, infos = env.reset(seed=5)
+    for i, state in enumerate(env.deliberation.agents):
+        assert env.task.extract_answer(state.text) == state.answer
+        assert 100 < infos[f"agent_{i}"]["tokens"] < 1500
+
+
+def test_sim_is_a_pure_function_of_the_request():
+    from deliberation_env.backends.base import Request
+
+    env = deliberation_env.parallel_env()
+    env.reset(seed=0)
+    requests = [r for r in env.deliberation._pending] or [env.deliberation._request(0, (), "solve")]
+    backend = SimBackend()
+    assert backend.generate(requests) == SimBackend().generate(requests)
+    with pytest.raises(ValueError, match="SimContext"):
+        backend.generate([Request(messages=(), kind="solve", agent=0, seed=1)])
+
+
+def test_sim_config_validation_and_identity():
+    with pytest.raises(ValueError, match="sycophancy"):
+        SimConfig(sycophancy=2.0)
+    assert SimBackend(SimConfig(skills=(0.5,))).identity() != SimBackend().identity()
