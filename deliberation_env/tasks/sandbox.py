@@ -1,0 +1,321 @@
+"""Run untrusted Python (model-written code) in a separate, isolated, resource-limited process.
+
+Every program runs in a fresh interpreter (``python -I -S``, no site-packages unless asked)
+started in its own session, with:
+
+- an empty environment (only ``PATH``, ``LC_ALL``, ``HOME``), so the caller's variables never leak;
+- rlimits set before the program starts: CPU seconds, address space, file size, open files,
+  no core dumps, and a cap on processes (``RLIMIT_NPROC``, counted per user id);
+- a wall-clock timeout, after which the whole process group is killed (``killpg``);
+- stdout/stderr written to unlinked temporary files and read back capped, so a program that
+  prints gigabytes costs neither memory nor more than ``RLIMIT_FSIZE`` bytes of disk.
+
+On top of that, the best isolation the machine offers (``available_isolation()``):
+
+- ``bwrap`` (bubblewrap): read-only root, a private ``/tmp`` (the working directory), the
+  caller's home hidden, fresh ``/proc`` and ``/dev``, and new user, PID, network, IPC, UTS and
+  cgroup namespaces (no network at all, no view of host processes, killed with its parent);
+- ``unshare`` (util-linux): new user, PID, mount, network, IPC and UTS namespaces with a private
+  ``/proc``; the working directory is a fresh host temp dir, but the file system stays writable
+  wherever the caller may write;
+- ``rlimits``: no namespaces (e.g. macOS); only the limits above and a temp working dir. A loud
+  warning is issued once.
+
+``$DELIBERATION_ENV_SANDBOX`` (``bwrap``, ``unshare``, ``rlimits``) forces a mode.
+
+A run counts as ``passed`` only if the program ran to its end and exited 0: the bootstrap
+writes a per-run token to a private pipe after the program returns, so ``sys.exit(0)`` or
+``os._exit(0)`` before the end does not pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+ISOLATION_ENV_VAR = "DELIBERATION_ENV_SANDBOX"
+ISOLATION_MODES = ("bwrap", "unshare", "rlimits")
+CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/tmp"}
+
+# Runs inside the sandboxed interpreter before the untrusted code. argv: cpu seconds, address
+# space bytes, file size bytes, process cap (0: none), token fd. stdin: token line, then code.
+_BOOTSTRAP = r"""
+import os, resource, sys
+cpu, memory, fsize, nproc, token_fd = map(int, sys.argv[1:6])
+def limit(kind, soft, hard):
+    try:
+        resource.setrlimit(kind, (soft, hard))
+    except (ValueError, OSError):
+        pass
+limit(resource.RLIMIT_CPU, cpu, cpu + 1)
+limit(resource.RLIMIT_AS, memory, memory)
+limit(resource.RLIMIT_FSIZE, fsize, fsize)
+limit(resource.RLIMIT_CORE, 0, 0)
+limit(resource.RLIMIT_NOFILE, 256, 256)
+if nproc:
+    limit(resource.RLIMIT_NPROC, nproc, nproc)
+token, _, source = sys.stdin.buffer.read().partition(b"\n")
+status = 0
+try:
+    exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+except SystemExit as stop:
+    status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    token = b""
+except BaseException:
+    import traceback
+    traceback.print_exc()
+    status, token = 1, b""
+try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+except BaseException:
+    status, token = 1, b""
+if token:
+    os.write(token_fd, token)
+os._exit(status)
+"""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """The outcome of one sandboxed program."""
+
+    passed: bool
+    """Ran to its end, exited 0, within the time limit."""
+    returncode: int | None
+    """Exit status (negative: killed by that signal; None only if it could not start)."""
+    timed_out: bool
+    stdout: str
+    stderr: str
+    isolation: str
+    duration: float
+    truncated: bool = False
+    """stdout or stderr was longer than the cap."""
+
+
+# ---------------------------------------------------------------------------- isolation probing
+_probe_lock = threading.Lock()
+_probed: dict[str, bool] = {}
+_warned = False
+
+
+def _python() -> str:
+    return os.path.realpath(sys.executable)
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_prefix() -> tuple[str, ...]:
+    """The bubblewrap command line up to the program (see the module docstring)."""
+    args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", str(64 * 2**20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    home = os.path.realpath(os.path.expanduser("~"))
+    if home not in ("/", "/tmp") and os.path.isdir(home):
+        args += ["--tmpfs", home]  # hide the caller's dotfiles, keys and caches
+        for keep in {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(_python()))}:
+            if keep.startswith(home + os.sep):
+                args += ["--ro-bind", keep, keep]
+    args += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--cap-drop", "ALL"]
+    if _supports_disable_userns():
+        args += ["--unshare-user", "--disable-userns"]
+    return tuple(args)
+
+
+def _supports_disable_userns() -> bool:
+    key = "bwrap-disable-userns"
+    if key not in _probed:
+        result = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10, check=False)
+        _probed[key] = "--disable-userns" in result.stdout + result.stderr
+    return _probed[key]
+
+
+_UNSHARE_PREFIX = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount",
+                   "--mount-proc", "--net", "--ipc", "--uts"]
+
+
+def _probe(mode: str) -> bool:
+    """Whether ``mode`` works here (runs a trivial program through it once; cached)."""
+    with _probe_lock:
+        if mode not in _probed:
+            ok = True
+            if mode in ("bwrap", "unshare"):
+                ok = shutil.which(mode) is not None
+                if ok:
+                    prefix = _bwrap_prefix() if mode == "bwrap" else _UNSHARE_PREFIX
+                    try:
+                        done = subprocess.run([*prefix, _python(), "-I", "-S", "-c", "pass"], env=CHILD_ENV,
+                                              capture_output=True, timeout=20, check=False)
+                        ok = done.returncode == 0
+                        if not ok:
+                            logger.info("sandbox: %s unusable here: %s", mode, done.stderr.decode(errors="replace"))
+                    except (OSError, subprocess.TimeoutExpired) as error:
+                        logger.info("sandbox: %s unusable here: %s", mode, error)
+                        ok = False
+            _probed[mode] = ok
+        return _probed[mode]
+
+
+def available_isolation() -> str:
+    """The isolation mode used: ``$DELIBERATION_ENV_SANDBOX`` if set, else the best that works."""
+    global _warned
+    forced = os.environ.get(ISOLATION_ENV_VAR, "").strip().lower()
+    if forced and forced != "auto":
+        if forced not in ISOLATION_MODES:
+            raise ValueError(f"{ISOLATION_ENV_VAR}={forced!r}; expected one of {ISOLATION_MODES} or 'auto'")
+        if not _probe(forced):
+            raise RuntimeError(f"{ISOLATION_ENV_VAR}={forced!r} but {forced} does not work on this machine")
+        return forced
+    for mode in ("bwrap", "unshare"):
+        if sys.platform.startswith("linux") and _probe(mode):
+            return mode
+    if not _warned:
+        _warned = True
+        message = ("deliberation_env sandbox: neither bubblewrap nor unshare works here, so untrusted code runs "
+                   "with rlimits only (no file-system, network or process isolation). Install bubblewrap "
+                   "(apt-get install bubblewrap) before grading model-written code.")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        logger.warning(message)
+    return "rlimits"
+
+
+# ---------------------------------------------------------------------------- process cap
+_nproc_cache: tuple[float, int] = (0.0, 0)
+
+
+def _user_tasks() -> int:
+    """Threads owned by our real uid (what RLIMIT_NPROC counts); cached for half a second."""
+    global _nproc_cache
+    now = time.monotonic()
+    if now - _nproc_cache[0] < 0.5:
+        return _nproc_cache[1]
+    uid, count = os.getuid(), 0
+    try:
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        count += len(os.listdir(f"/proc/{entry.name}/task"))
+                except OSError:
+                    continue
+    except OSError:  # no /proc (macOS): count our own processes only
+        count = 64
+    _nproc_cache = (now, count)
+    return count
+
+
+# ---------------------------------------------------------------------------- running
+def _read_capped(handle, limit: int) -> tuple[str, bool]:
+    handle.seek(0, os.SEEK_END)
+    size = handle.tell()
+    handle.seek(0)
+    data = handle.read(limit)
+    return data.decode("utf-8", errors="replace"), size > limit
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolation: str | None = None,
+               output_limit: int = 64 * 1024, max_file_mb: int = 16, max_processes: int = 32,
+               allow_site_packages: bool = False) -> SandboxResult:
+    """Run ``code`` in a sandbox and return what happened (never raises on the program's behaviour).
+
+    ``timeout`` is wall-clock seconds (the CPU limit is slightly above it); ``memory_mb`` caps the
+    address space; ``max_processes`` is how many more processes/threads the program may create;
+    ``output_limit`` caps the characters kept of each stream. ``isolation`` overrides the mode.
+    """
+    mode = isolation or available_isolation()
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
+    if timeout <= 0 or memory_mb <= 0:
+        raise ValueError(f"timeout and memory_mb must be positive, got {timeout!r}, {memory_mb!r}")
+    token = secrets.token_hex(16).encode()
+    read_fd, write_fd = os.pipe()
+    nproc = _user_tasks() + max_processes + 8
+    python_args = [_python(), "-I", "-B"] + ([] if allow_site_packages else ["-S"])
+    command = [*python_args, "-c", _BOOTSTRAP, str(math.ceil(timeout) + 1), str(memory_mb * 2**20),
+               str(max_file_mb * 2**20), str(nproc), str(write_fd)]
+    workdir = None
+    if mode == "bwrap":
+        command = [*_bwrap_prefix(), *command]
+    else:
+        workdir = tempfile.mkdtemp(prefix="sandbox-")
+        if mode == "unshare":
+            command = [*_UNSHARE_PREFIX, *command]
+    start = time.monotonic()
+    timed_out, returncode = False, None
+    try:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=workdir,
+                                           env=dict(CHILD_ENV), pass_fds=(write_fd,), start_new_session=True)
+            except OSError as error:
+                os.close(write_fd)
+                return SandboxResult(False, None, False, "", f"sandbox could not start: {error}", mode, 0.0)
+            os.close(write_fd)
+            try:
+                process.communicate(token + b"\n" + code.encode("utf-8", errors="surrogateescape"),
+                                    timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _kill_group(process.pid)  # the program, and anything it left behind in its group
+                returncode = process.wait()
+            duration = time.monotonic() - start
+            stdout, cut_out = _read_capped(out, output_limit)
+            stderr, cut_err = _read_capped(err, output_limit)
+        os.set_blocking(read_fd, False)
+        try:
+            reported = os.read(read_fd, 64)
+        except BlockingIOError:  # a leftover process still holds the pipe open
+            reported = b""
+    finally:
+        os.close(read_fd)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    passed = not timed_out and returncode == 0 and reported == token
+    return SandboxResult(passed, returncode, timed_out, stdout, stderr, mode, duration, cut_out or cut_err)
+
+
+def run_many(codes: Sequence[str], workers: int = 2, **kwargs) -> list[SandboxResult]:
+    """``run_python`` over many programs with a small thread pool (results in input order)."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if kwargs.get("isolation") is None:
+        kwargs["isolation"] = available_isolation()  # probe once, not in every thread
+    if workers == 1 or len(codes) <= 1:
+        return [run_python(code, **kwargs) for code in codes]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda code: run_python(code, **kwargs), codes))
+
+
+def describe_isolation(mode: str | None = None) -> str:
+    """One line saying what the given (or current) mode isolates."""
+    mode = mode or available_isolation()
+    return {
+        "bwrap": "bubblewrap: read-only root, private /tmp, home hidden, no network, own PID/IPC/UTS/user namespaces",
+        "unshare": "unshare: no network, own PID/mount/IPC/UTS/user namespaces; file system not read-only",
+        "rlimits": "rlimits only: CPU/memory/file-size/process limits, no namespaces",
+    }[mode]
+
+
+__all__ = ["ISOLATION_ENV_VAR", "ISOLATION_MODES", "SandboxResult", "available_isolation", "describe_isolation",
+           "run_many", "run_python"]
