@@ -1,0 +1,184 @@
+"""LaTeX final answers (MATH-style): light normalisation and mathematical equivalence.
+
+``normalize_latex`` is cheap, idempotent and conservative; it makes equal-looking answers
+equal strings (``\\dfrac`` -> ``\\frac``, ``\\left( ... \\right)`` -> ``( ... )``, no degree
+signs, ``\\%``, ``\\$``, trailing units ``\\text{ cm}``, ``\\frac12`` -> ``\\frac{1}{2}``,
+``k = 5`` -> ``5``), so a plurality vote sees them as one answer.
+
+``latex_equal(pred, gold)`` first compares normal forms (and plain numbers exactly), then
+asks ``math-verify`` (with sympy) under a wall-clock limit. It never raises: any error or
+time-out counts as "not equal".
+
+Time limit: in the main thread a ``SIGALRM`` interval timer (math-verify's own integer-second
+alarms are switched off so they cannot cancel it); in other threads signals are unavailable,
+so inputs that could make sympy run long (huge exponents, factorials, long strings) are
+refused instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from deliberation_env.tasks.numeric import normalize_number
+
+T = TypeVar("T")
+MAX_VERIFY_CHARS = 400
+"""Answers longer than this are compared as strings only."""
+
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"\\[dt]frac(?![A-Za-z])", r"\\frac"),
+        (r"\\(?:left|right|displaystyle|bigl|bigr|Bigl|Bigr)(?![A-Za-z])", ""),
+        (r"(?<!\\)\\[!,;: ]|~", " "),
+        (r"\^\s{0,3}\{?\s{0,3}\\circ\s{0,3}\}?|°|\\%|%|\\\$", ""),
+        (r"\s{0,5}\\(?:text|mbox|mathrm)\{ [A-Za-z ]{1,40}\}(?:\^\{?[23]\}?)?", ""),  # trailing units
+        (r"\\(?:text|textbf|mbox|mathrm)\{([^{}\\]{0,100})\}", r"\1"),
+        (r"\s+", " "),
+        (r"(?<![A-Za-z]) | (?![A-Za-z])", ""),
+        (r"\\frac(\d)(\d)", r"\\frac{\1}{\2}"),
+        (r"\\frac(\{[^{}]{1,50}\})(\d)", r"\\frac\1{\2}"),
+        (r"\\sqrt(\d)", r"\\sqrt{\1}"),
+    )
+)
+_ASSIGNMENT_RE = re.compile(r"[A-Za-z]=([^=A-Za-z]{1,200})")
+_PLAIN_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+|-?\d+/\d+")
+
+
+def normalize_latex(answer: str) -> str:
+    """The light normal form of a LaTeX answer (see the module docstring)."""
+    text = answer.strip()
+    for _ in range(2):  # "$\boxed{...}$." style wrappers, at most two levels
+        text = text.rstrip(".").strip()
+        for left, right in _DELIMITERS:
+            if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right):
+                text = text[len(left) : -len(right)].strip()
+    for pattern, replacement in _RULES:
+        text = pattern.sub(replacement, text)
+    text = text.rstrip(".")
+    assignment = _ASSIGNMENT_RE.fullmatch(text)
+    if assignment:
+        text = assignment.group(1)
+    if _PLAIN_NUMBER_RE.fullmatch(text):
+        text = normalize_number(text) or text
+    return text
+
+
+def plain_number(text: str) -> Fraction | None:
+    """The value of a normalised answer that is just a number, else None."""
+    if not _PLAIN_NUMBER_RE.fullmatch(text):
+        return None
+    value = normalize_number(text)
+    return Fraction(value) if value is not None else None
+
+
+# ---------------------------------------------------------------------------- time limit
+class _TimeUp(BaseException):
+    """Raised by the interval timer; a BaseException so library ``except Exception`` cannot swallow it."""
+
+
+def _raise_time_up(signum: int, frame: Any) -> None:
+    raise _TimeUp
+
+
+def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
+    """``func()``, interrupted after ``seconds`` (main thread only; raises TimeoutError).
+
+    An interval timer already running (e.g. pytest-timeout's) is restored afterwards.
+    """
+    previous_handler = signal.signal(signal.SIGALRM, _raise_time_up)
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    if 0 < previous_delay < seconds:
+        signal.setitimer(signal.ITIMER_REAL, previous_delay)
+    started = time.monotonic()
+    try:
+        return func()
+    except _TimeUp:
+        raise TimeoutError(f"gave up after {seconds} s") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:
+            remaining = max(1e-3, previous_delay - (time.monotonic() - started))
+            signal.setitimer(signal.ITIMER_REAL, remaining, previous_interval)
+
+
+_RISKY_RE = re.compile(r"\^\s{0,3}\{?\s{0,3}[-\d]{4,}|!|\^[^$]{0,40}\^|\\(?:sum|prod|int|lim)(?![A-Za-z])")
+
+
+def _risky_without_timer(text: str) -> bool:
+    return len(text) > MAX_VERIFY_CHARS // 2 or _RISKY_RE.search(text) is not None
+
+
+# ---------------------------------------------------------------------------- math-verify
+class _DropTimeoutWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+@lru_cache(maxsize=1)
+def _math_verify() -> Any:
+    """Import math-verify once (outside any time limit); ImportError explains the extra."""
+    try:
+        import math_verify  # noqa: PLC0415 (optional dependency, heavy import)
+    except ImportError as error:
+        raise ImportError(
+            "MATH grading needs math-verify: pip install 'deliberation-env[tasks]' (math-verify, sympy)"
+        ) from error
+    for name in ("math_verify.parser", "math_verify.grader", "math_verify.utils"):
+        logging.getLogger(name).addFilter(_DropTimeoutWarning())
+    # Warm up (regex compilation, the LaTeX parser) outside any time limit.
+    math_verify.verify(math_verify.parse("$\\frac{1}{2}$", parsing_timeout=None),
+                       math_verify.parse("$0.5$", parsing_timeout=None), timeout_seconds=None)
+    return math_verify
+
+
+@lru_cache(maxsize=4096)
+def _parse(latex: str) -> Any:
+    """math-verify's parse of ``$latex$`` (cached: gold answers are parsed once)."""
+    math_verify = _math_verify()
+    return math_verify.parse(f"${latex}$", parsing_timeout=None)
+
+
+def _verify(pred: str, gold: str) -> bool:
+    math_verify = _math_verify()
+    gold_parsed, pred_parsed = _parse(gold), _parse(pred)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def latex_equal(pred: str | None, gold: str, timeout: float = 0.75) -> bool:
+    """Whether two LaTeX answers are mathematically equivalent (never raises).
+
+    Normal forms equal -> True; both plain numbers -> exact comparison; otherwise
+    math-verify under ``timeout`` seconds (False on time-out or error).
+    """
+    if not isinstance(pred, str) or not pred.strip():
+        return False
+    try:
+        left, right = normalize_latex(pred), normalize_latex(gold)
+        if left == right:
+            return True
+        left_value, right_value = plain_number(left), plain_number(right)
+        if left_value is not None and right_value is not None:
+            return left_value == right_value
+        if len(left) > MAX_VERIFY_CHARS or len(right) > MAX_VERIFY_CHARS:
+            return False
+        _math_verify()
+        if threading.current_thread() is threading.main_thread():
+            return call_with_time_limit(lambda: _verify(left, right), timeout)
+        if _risky_without_timer(left):
+            return False
+        return _verify(left, right)
+    except (Exception, TimeoutError):
+        return False
