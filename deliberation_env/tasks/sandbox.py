@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -132,17 +133,7 @@ def _bwrap_prefix() -> tuple[str, ...]:
             if keep.startswith(home + os.sep):
                 args += ["--ro-bind", keep, keep]
     args += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--cap-drop", "ALL"]
-    if _supports_disable_userns():
-        args += ["--unshare-user", "--disable-userns"]
     return tuple(args)
-
-
-def _supports_disable_userns() -> bool:
-    key = "bwrap-disable-userns"
-    if key not in _probed:
-        result = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10, check=False)
-        _probed[key] = "--disable-userns" in result.stdout + result.stderr
-    return _probed[key]
 
 
 _UNSHARE_PREFIX = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount",
@@ -233,6 +224,30 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _wait_exit(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for the process to exit, without reaping it (so its group id stays ours).
+
+    Uses a pidfd where the OS has one (exact wake-up); else ``Popen.wait``, which polls.
+    """
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:
+            pidfd = None
+        if pidfd is not None:
+            try:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                return bool(poller.poll(max(1, int(timeout * 1000))))
+            finally:
+                os.close(pidfd)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolation: str | None = None,
                output_limit: int = 64 * 1024, max_file_mb: int = 16, max_processes: int = 32,
                allow_site_packages: bool = False) -> SandboxResult:
@@ -263,19 +278,18 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
     start = time.monotonic()
     timed_out, returncode = False, None
     try:
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with tempfile.TemporaryFile() as src, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            src.write(token + b"\n" + code.encode("utf-8", errors="surrogateescape"))
+            src.seek(0)
             try:
-                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=workdir,
+                process = subprocess.Popen(command, stdin=src, stdout=out, stderr=err, cwd=workdir,
                                            env=dict(CHILD_ENV), pass_fds=(write_fd,), start_new_session=True)
             except OSError as error:
                 os.close(write_fd)
                 return SandboxResult(False, None, False, "", f"sandbox could not start: {error}", mode, 0.0)
             os.close(write_fd)
             try:
-                process.communicate(token + b"\n" + code.encode("utf-8", errors="surrogateescape"),
-                                    timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = not _wait_exit(process, timeout)
             finally:
                 _kill_group(process.pid)  # the program, and anything it left behind in its group
                 returncode = process.wait()
