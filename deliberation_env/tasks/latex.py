@@ -157,6 +157,10 @@ def _verify(pred: str, gold: str) -> bool:
     return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+_VERIFIED: dict[tuple[str, str], bool] = {}
+_VERIFIED_MAX = 100_000
+
+
 def latex_equal(pred: str | None, gold: str, timeout: float = 0.75) -> bool:
     """Whether two LaTeX answers are mathematically equivalent (never raises).
 
@@ -174,11 +178,18 @@ def latex_equal(pred: str | None, gold: str, timeout: float = 0.75) -> bool:
             return left_value == right_value
         if len(left) > MAX_VERIFY_CHARS or len(right) > MAX_VERIFY_CHARS:
             return False
-        _math_verify()
-        if threading.current_thread() is threading.main_thread():
-            return call_with_time_limit(lambda: _verify(left, right), timeout)
-        if _risky_without_timer(left):
-            return False
-        return _verify(left, right)
+        key = (left, right)
+        if key not in _VERIFIED:
+            _math_verify()
+            if threading.current_thread() is threading.main_thread():
+                result = call_with_time_limit(lambda: _verify(left, right), timeout)
+            elif _risky_without_timer(left):
+                return False
+            else:
+                result = _verify(left, right)
+            if len(_VERIFIED) >= _VERIFIED_MAX:
+                _VERIFIED.clear()
+            _VERIFIED[key] = result  # only completed checks are remembered, never time-outs
+        return _VERIFIED[key]
     except (Exception, TimeoutError):
         return False

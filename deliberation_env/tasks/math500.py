@@ -64,6 +64,8 @@ def latex_answer(text: str) -> str | None:
                 found = window[1:end] if end > 0 else window[1:]
             else:
                 found = first_sentence(window)
+            if "\\boxed" in found:  # an unclosed box: the output was cut off
+                return None
         if len(found) > _MAX_ANSWER_CHARS:
             found = found[:_MAX_ANSWER_CHARS]
         answer = normalize_latex(found)
@@ -121,6 +123,7 @@ class MathTask(DatasetTask):
         if not 0 < timeout <= 60:
             raise ValueError(f"timeout must be in (0, 60] seconds, got {timeout!r}")
         self.timeout = timeout
+        self._distractors: dict[str, list[str]] = {}
 
     def make_problem(self, row: dict[str, Any], index: int, split: str) -> Problem:
         answer = normalize_latex(row["answer"])
@@ -144,7 +147,11 @@ class MathTask(DatasetTask):
         return latex_equal(answer, problem.answer, self.timeout)
 
     def distractors(self, problem: Problem, rng: random.Random) -> list[str]:
-        return perturbed_answers(problem.answer, problem.question) or [f"{problem.answer}+1"]
+        """Perturbations of the gold (``perturbed_answers``), computed once per problem."""
+        if problem.id not in self._distractors:
+            found = perturbed_answers(problem.answer, problem.question) or [f"{problem.answer}+1"]
+            self._distractors[problem.id] = found
+        return list(self._distractors[problem.id])
 
     def render_solution(self, problem: Problem, answer: str | None, rng: random.Random) -> str:
         if answer is None:

@@ -1,0 +1,177 @@
+"""Loading the benchmark data: resolution order, clear errors, other MMLU layouts, prompts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from deliberation_env import TASKS
+from deliberation_env.tasks.base import DATA_ENV_VAR, BaseTask
+from deliberation_env.tasks.extract import DataFormatError, load_jsonl
+
+HUB_IDS = {"gsm8k": "openai/gsm8k", "math": "HuggingFaceH4/MATH-500", "aime24": "HuggingFaceH4/aime_2024",
+           "amc23": "math-ai/amc23", "mmlu": "cais/mmlu"}
+FILES = {"gsm8k": "gsm8k/test.jsonl", "math": "math500/test.jsonl", "aime24": "aime24/test.jsonl",
+         "amc23": "amc23/test.jsonl", "mmlu": "mmlu_stem/test.jsonl"}
+GOOD_ROWS = {
+    "gsm8k": {"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"},
+    "math": {"problem": "What is 1/2 + 1/2?", "answer": "1", "solution": "$\\boxed{1}$", "level": 1},
+    "aime24": {"id": 1, "problem": "Find 1 + 1.", "answer": "002"},
+    "amc23": {"id": 1, "question": "Find 1 + 1.", "answer": 2.0},
+    "mmlu": {"question": "2 + 2 = ?", "choices": ["3", "4", "5", "6"], "answer": 1},
+}
+
+
+def _write(root: Path, relative: str, lines: list[str]) -> Path:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_env_data(monkeypatch):
+    monkeypatch.delenv(DATA_ENV_VAR, raising=False)
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_construction_is_lazy_and_splits_are_checked(name, tmp_path):
+    task = TASKS.make(name, data_dir=tmp_path / "nowhere")  # reads nothing yet
+    assert isinstance(task, BaseTask) and task.name == name
+    with pytest.raises(ValueError, match="has splits .*'test'"):
+        task.problems("nonexistent")
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_missing_file_names_env_var_path_and_hub_id(name, tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        TASKS.make(name, data_dir=str(tmp_path)).problems("test")
+    message = str(error.value)
+    assert DATA_ENV_VAR in message and str(tmp_path / FILES[name]) in message and HUB_IDS[name] in message
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_no_local_data_and_no_hub_names_env_var_path_and_hub_id(name, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` fails: no hub here
+    with pytest.raises(FileNotFoundError) as error:
+        TASKS.make(name).problems("test")
+    message = str(error.value)
+    assert DATA_ENV_VAR in message and FILES[name] in message and HUB_IDS[name] in message
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_env_var_is_used_when_data_dir_is_not_given(name, tmp_path, monkeypatch):
+    _write(tmp_path, FILES[name], [json.dumps(GOOD_ROWS[name])] * 2)
+    monkeypatch.setenv(DATA_ENV_VAR, str(tmp_path))
+    task = TASKS.make(name)
+    problems = task.problems("test")
+    assert len(problems) == 2 and task.problems("test") is problems  # cached
+    assert task.grade(problems[0], problems[0].answer)
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [("{not json", "invalid JSON"), ("[1, 2]", "expected a JSON object"), ("{}", "missing field")],
+)
+def test_malformed_row_names_file_and_line(name, line, reason, tmp_path):
+    good = json.dumps(GOOD_ROWS[name])
+    path = _write(tmp_path, FILES[name], [good, good, line, good])
+    with pytest.raises(DataFormatError, match=reason) as error:
+        TASKS.make(name, data_dir=tmp_path).problems("test")
+    assert f"{path}, line 3" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value", "reason"),
+    [
+        ("gsm8k", "answer", 5, "should be str"),
+        ("gsm8k", "answer", "no final line", "#### N"),
+        ("math", "problem", ["a list"], "should be str"),
+        ("math", "level", 9, "level"),
+        ("aime24", "answer", "twelve", "not a number"),
+        ("aime24", "answer", "1000", "outside"),
+        ("amc23", "answer", True, "should be"),
+        ("mmlu", "answer", "E", "letter A-D"),
+        ("mmlu", "choices", ["only", "three", "choices"], "list of 4"),
+    ],
+)
+def test_wrong_type_or_value_names_file_and_line(name, field, value, reason, tmp_path):
+    bad = dict(GOOD_ROWS[name], **{field: value})
+    path = _write(tmp_path, FILES[name], [json.dumps(GOOD_ROWS[name]), "", json.dumps(bad)])
+    with pytest.raises(DataFormatError, match=reason) as error:
+        TASKS.make(name, data_dir=tmp_path).problems("test")
+    assert f"{path}, line 3" in str(error.value)
+
+
+def test_load_jsonl_reports_line_numbers_and_types(tmp_path):
+    path = _write(tmp_path, "rows.jsonl", ['{"a": "x"}', "", '{"a": 3}'])
+    with pytest.raises(DataFormatError, match=r"rows.jsonl, line 3: field 'a' should be str, got int"):
+        load_jsonl(path, {"a": str})
+    assert load_jsonl(path) == [(1, {"a": "x"}), (3, {"a": 3})]
+
+
+def test_gsm8k_limit_and_a_single_file_as_data_dir(data_dir):
+    task = TASKS.make("gsm8k", data_dir=data_dir / "gsm8k" / "train.jsonl", limit=5)
+    assert [p.id for p in task.problems("test")] == [f"gsm8k-test-{i}" for i in range(5)]
+    with pytest.raises(ValueError, match="limit"):
+        TASKS.make("gsm8k", limit=0)
+
+
+# ------------------------------------------------------------------------------ MMLU layouts
+MMLU_CSV = ['"What is 2 + 2?",3,4,5,6,B', '"Which, of these, is prime?",4,6,7,9,C']
+
+
+@pytest.mark.parametrize("layout", ["mmlu/test", "test"])
+def test_mmlu_original_csv_folders(layout, tmp_path):
+    _write(tmp_path, f"{layout}/elementary_mathematics_test.csv", MMLU_CSV)
+    _write(tmp_path, f"{layout}/college_physics_test.csv", ['"Unit of force?",joule,newton,watt,pascal,B'])
+    problems = TASKS.make("mmlu", data_dir=tmp_path).problems("test")
+    assert [p.answer for p in problems] == ["B", "B", "C"]
+    assert [p.metadata["subject"] for p in problems] == ["college_physics"] + ["elementary_mathematics"] * 2
+    assert "(C) 7" in problems[2].question and "Which, of these, is prime?" in problems[2].question
+    only = TASKS.make("mmlu", data_dir=tmp_path, subjects=["college_physics"]).problems("test")
+    assert len(only) == 1
+
+
+def test_mmlu_single_csv_file_and_bad_csv_line(tmp_path):
+    path = _write(tmp_path, "anatomy_test.csv", MMLU_CSV)
+    problems = TASKS.make("mmlu", data_dir=path).problems("test")
+    assert [p.answer for p in problems] == ["B", "C"] and problems[0].metadata["subject"] == "anatomy"
+    bad = _write(tmp_path, "bad_test.csv", [MMLU_CSV[0], "too,few,columns"])
+    with pytest.raises(DataFormatError, match=r"bad_test.csv, line 2: expected 6 columns"):
+        TASKS.make("mmlu", data_dir=bad).problems("test")
+
+
+@pytest.mark.parametrize(
+    ("row", "gold"),
+    [
+        ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": "B"}, "B"),  # letter
+        ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": "2"}, "C"),  # digit string (0-based)
+        ({"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 3}, "D"),  # cais/mmlu
+        ({"question": "q", "A": "a", "B": "b", "C": "c", "D": "d", "answer": "A"}, "A"),  # A-D columns
+    ],
+)
+def test_mmlu_other_row_layouts(row, gold, tmp_path):
+    _write(tmp_path, "mmlu/test.jsonl", [json.dumps(row)])
+    problem = TASKS.make("mmlu", data_dir=tmp_path).problems("test")[0]
+    assert problem.answer == gold and "(D) d" in problem.question
+
+
+# ------------------------------------------------------------------------------ prompts
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_prompts_fit_the_task_and_can_be_overridden(name, data_dir):
+    task = TASKS.make(name, data_dir=data_dir)
+    problem = task.problems("test")[0]
+    solve = task.solve_messages(problem)[-1].content
+    assert problem.question in solve
+    expected = {"gsm8k": "The answer is N", "math": "\\boxed{}", "aime24": "integer from 0 to 999",
+                "amc23": "\\boxed{}", "mmlu": "The answer is (X)"}[name]
+    assert expected in solve
+    assert task.refine_messages(problem, "my work", [])[-1].content
+    assert "Confidence" in task.critic_messages(problem, "my work")[-1].content
+    task.with_prompts(solve="Just answer: {question}")
+    assert task.solve_messages(problem)[-1].content == f"Just answer: {problem.question}"

@@ -1,0 +1,117 @@
+"""Arbitrary text never crashes or stalls an extractor or a grader (property tests).
+
+Each call must return (a string or None; a bool) within one second, including inputs of
+50,000 characters built to trigger regex backtracking or deep brace nesting.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from functools import cache
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deliberation_env import TASKS
+from deliberation_env.tasks.extract import last_boxed
+from deliberation_env.tasks.latex import call_with_time_limit, latex_equal, normalize_latex
+from deliberation_env.tasks.numeric import extract_number, normalize_number
+
+NAMES = ("gsm8k", "math", "aime24", "amc23", "mmlu")
+LIMIT = 1.0
+SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+ALPHABET = "0123456789{},.-+/$%\\ \n()[]^_=*#:ABCDboxedfrac answer is The Answer"
+UNITS = st.sampled_from([
+    "1", "1,", "{", "}", "\\boxed{", "\\boxed", "answer is ", "Answer: ", "#### ", "$", "(", "\\frac{",
+    " ", "\\text{ ", "^{", "9^", "1.", "-", "(B)", "**", "\\left(", "answer is (", "x=", "!",
+])
+LONG = st.builds(lambda unit, count: (unit * count)[:50_000], st.text(ALPHABET, min_size=1, max_size=12) | UNITS,
+                 st.integers(1, 50_000))
+TEXT = st.text(max_size=2_000) | st.text(ALPHABET, max_size=2_000) | LONG
+ADVERSARIAL = [
+    "1" * 50_000, "1," * 25_000, "{" * 50_000, "}" * 50_000, "\\boxed{" * 7_000, "\\boxed " * 7_000,
+    "answer is " * 5_000, " " * 50_000, "$" * 50_000, "9^" * 25_000 + "9", "(" * 50_000, "#### " * 10_000,
+    "\\text{ " * 7_000, "1" * 4_999 + "." + "1" * 45_000, "-" * 50_000, "\\frac{1}{" * 5_000, "A)" * 25_000,
+    "\\boxed{" + "{" * 20_000 + "}" * 20_000 + "}", "Answer: " + "(" * 40_000, "x=" * 25_000,
+]
+
+
+@cache
+def _task_and_problem(name: str, data_dir: str):
+    task = TASKS.make(name, data_dir=data_dir)
+    return task, task.problems("test")[0]
+
+
+def _timed(func, *args):
+    started = time.perf_counter()
+    result = func(*args)
+    elapsed = time.perf_counter() - started
+    assert elapsed < LIMIT, f"{func.__qualname__} took {elapsed:.2f} s on {len(args[-1])} chars"
+    return result
+
+
+def _check(task, problem, text: str) -> None:
+    answer = _timed(task.extract_answer, text)
+    assert answer is None or (isinstance(answer, str) and answer)
+    assert _timed(task.grade, problem, answer) in (True, False)
+    assert _timed(task.grade, problem, text) in (True, False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_up():
+    latex_equal("x+1", "1+x")  # import math-verify and build its parsers outside the timed calls
+
+
+@pytest.mark.parametrize("name", NAMES)
+@SETTINGS
+@given(text=TEXT)
+def test_extract_and_grade_any_text(name, text, data_dir):
+    task, problem = _task_and_problem(name, str(data_dir))
+    _check(task, problem, text)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("text", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_adversarial_inputs_are_fast(name, text, data_dir):
+    task, problem = _task_and_problem(name, str(data_dir))
+    _check(task, problem, text)
+
+
+@SETTINGS
+@given(text=TEXT)
+def test_helpers_never_raise(text):
+    for func in (extract_number, normalize_number, last_boxed, normalize_latex):
+        _timed(func, text)
+    assert normalize_latex(normalize_latex(text)) == normalize_latex(text)
+
+
+@SETTINGS
+@given(left=st.text(ALPHABET, max_size=60), right=st.text(ALPHABET, max_size=60))
+def test_latex_equal_is_bounded(left, right):
+    assert _timed(latex_equal, left, right) in (True, False)
+
+
+def test_pathological_sympy_input_times_out_as_unequal():
+    started = time.perf_counter()
+    assert latex_equal("9^{9^{9^{9^{9}}}}", "2") is False
+    assert time.perf_counter() - started < LIMIT
+
+
+def test_time_limit_restores_an_outer_timer():
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        assert call_with_time_limit(lambda: 7, 0.1) == 7
+        with pytest.raises(TimeoutError):
+            call_with_time_limit(lambda: time.sleep(2), 0.05)
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < remaining <= 0.3  # the outer timer is running again
+        time.sleep(0.4)
+        assert fired == [True]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
