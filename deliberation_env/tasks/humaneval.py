@@ -356,7 +356,7 @@ class HumanEvalTask(BaseTask):
         for start in range(0, min(len(candidates), 4 * batch), batch):
             chunk = candidates[start : start + batch]
             results = run_many([build_program(problem, c) for c in chunk], workers=self.workers,
-                               timeout=min(self.timeout, 2.0), memory_mb=self.memory_mb)
+                               timeout=min(self.timeout, 1.0), memory_mb=self.memory_mb)
             for candidate, result in zip(chunk, results):
                 if not result.passed and not result.timed_out:
                     self._grades[self._key(problem, candidate)] = False

