@@ -54,6 +54,7 @@ NUMERIC = [
     ("The answer is 1,000,000.", "1000000", "1000000", True),
     ("The answer is 0.", "0", "0", True),
     ("Step 1: 48/2 = 24\nStep 2: 48 + 24 = 72", "72", "72", True),
+    ("#### Step 1: eggs left\n16 - 3 - 4 = 9\n#### Step 2: money\n9 * 2 = 18\nThe answer is 18.", "18", "18", True),
 ]
 
 MATH = [
@@ -175,3 +176,9 @@ def test_multiple_choice_text_needs_the_problem():
     assert task.extract_answer("ribosome") is None  # without the choices a choice text is not a letter
     problem = Problem(id="p", question="q", answer="C", metadata={"choices": CHOICES})
     assert task.grade(problem, "ribosome") and not task.grade(problem, "nucleus")
+
+
+@pytest.mark.parametrize("raw", ["18", "18.0", "$18", "18 dollars", "$18.00", "The answer is 18."])
+def test_numeric_grade_accepts_unnormalised_answers(raw):
+    assert GSM8KTask().grade(_numeric_problem("18"), raw)
+    assert not GSM8KTask().grade(_numeric_problem("19"), raw)

@@ -175,3 +175,48 @@ def test_prompts_fit_the_task_and_can_be_overridden(name, data_dir):
     assert "Confidence" in task.critic_messages(problem, "my work")[-1].content
     task.with_prompts(solve="Just answer: {question}")
     assert task.solve_messages(problem)[-1].content == f"Just answer: {problem.question}"
+
+
+# ------------------------------------------------------------------------------ hub (faked: no network in tests)
+class _FakeDatasets:
+    """Stands in for the `datasets` package: records the call, returns rows or fails."""
+
+    def __init__(self, rows=None, error=None):
+        self.rows, self.error, self.calls = rows, error, []
+
+    def load_dataset(self, hub_id, config, split):
+        self.calls.append((hub_id, config, split))
+        if self.error:
+            raise self.error
+        return list(self.rows)
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [("gsm8k", ("openai/gsm8k", "main", "test")), ("math", ("HuggingFaceH4/MATH-500", None, "test")),
+     ("aime24", ("HuggingFaceH4/aime_2024", None, "train")), ("amc23", ("math-ai/amc23", None, "test")),
+     ("mmlu", ("cais/mmlu", "all", "test"))],
+)
+def test_hub_is_the_last_resort(name, call, monkeypatch):
+    fake = _FakeDatasets(rows=[GOOD_ROWS[name]] * 3)
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    task = TASKS.make(name)
+    assert len(task.problems("test")) == 3 and fake.calls == [call]
+    assert task.grade(task.problems("test")[0], task.problems("test")[0].answer)
+
+
+def test_unreachable_hub_and_bad_hub_rows_are_explained(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", _FakeDatasets(error=ConnectionError("offline")))
+    with pytest.raises(FileNotFoundError, match=r"openai/gsm8k.*ConnectionError: offline.*DELIBERATION_ENV_DATA"):
+        TASKS.make("gsm8k").problems("test")
+    monkeypatch.setitem(sys.modules, "datasets", _FakeDatasets(rows=[GOOD_ROWS["gsm8k"], {"question": "q"}]))
+    with pytest.raises(DataFormatError, match=r"hub dataset 'openai/gsm8k' \(test\), row 2: missing field 'answer'"):
+        TASKS.make("gsm8k").problems("test")
+
+
+def test_subject_filter_that_matches_nothing_is_an_error(data_dir):
+    task = TASKS.make("mmlu", data_dir=data_dir, subjects=["astrology"])
+    with pytest.raises(ValueError, match="no test problems left"):
+        task.problems("test")
+    physics = TASKS.make("mmlu", data_dir=data_dir, subjects=["college_physics"]).problems("test")
+    assert physics and {p.metadata["subject"] for p in physics} == {"college_physics"}

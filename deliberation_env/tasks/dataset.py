@@ -96,6 +96,9 @@ class DatasetTask(BaseTask):
             problems = convert_rows(rows, lambda row, index: self.make_problem(row, index, split), where, unit)
             if not problems:
                 raise DataFormatError(f"{where}: no rows")
+            problems = [problem for problem in problems if self.keep(problem)]
+            if not problems:
+                raise ValueError(f"{where}: no {split} problems left after filtering ({self!r})")
             self._problems[split] = problems[: self.limit]
         return self._problems[split]
 
@@ -122,6 +125,10 @@ class DatasetTask(BaseTask):
     def make_problem(self, row: dict[str, Any], index: int, split: str) -> Problem:
         raise NotImplementedError
 
+    def keep(self, problem: Problem) -> bool:
+        """Whether a loaded problem belongs to this task's selection (all by default)."""
+        return True
+
 
 NO_ANSWER_TEXTS = (
     "I worked through several approaches but could not finish the computation, so I cannot commit to a result.",
@@ -144,8 +151,11 @@ class NumericTask(DatasetTask):
             return None
 
     def grade(self, problem: Problem, answer: str | None) -> bool:
+        """Numeric equality; an answer with units or words ("18 dollars") is read with extract_number."""
         try:
-            return numbers_equal(answer, problem.answer)
+            if numbers_equal(answer, problem.answer):
+                return True
+            return isinstance(answer, str) and numbers_equal(extract_number(answer), problem.answer)
         except Exception:
             return False
 

@@ -40,6 +40,7 @@ PROMPTS = Prompts(
 
 _INTEGER_RE = re.compile(r"\d{1,30}")
 _CHOICE_RE = re.compile(r"\(([A-E])\)")
+_CLAUSE_RE = re.compile(r"\s(?:because|since|as|which|where|so that|given|for)\b")
 _WORD_RE = re.compile(r"[A-Za-z]{3,20}")
 _NAME_RE = re.compile(r"(?<![\\A-Za-z])[A-Z][a-z]{2,19}(?![A-Za-z])")
 _NOT_NAMES = frozenset(
@@ -63,7 +64,7 @@ def latex_answer(text: str) -> str | None:
                 end = window.find("$", 1)
                 found = window[1:end] if end > 0 else window[1:]
             else:
-                found = first_sentence(window)
+                found = _CLAUSE_RE.split(first_sentence(window), maxsplit=1)[0]
             if "\\boxed" in found:  # an unclosed box: the output was cut off
                 return None
         if len(found) > _MAX_ANSWER_CHARS:

@@ -137,14 +137,13 @@ class MMLUTask(DatasetTask):
         super().__init__(data_dir, **kwargs)
         self.subjects = frozenset(subjects) if subjects is not None else None
 
+    def __repr__(self) -> str:
+        subjects = sorted(self.subjects) if self.subjects is not None else None
+        return f"MMLUTask(data_dir={self.data_dir!r}, subjects={subjects!r}, limit={self.limit!r})"
+
     # ------------------------------------------------------------------ loading
-    def problems(self, split: str):
-        problems = super().problems(split)
-        if self.subjects is not None:
-            problems = [p for p in problems if p.metadata["subject"] in self.subjects]
-            if not problems:
-                raise ValueError(f"no {split} problems in subjects {sorted(self.subjects)}")
-        return problems
+    def keep(self, problem: Problem) -> bool:
+        return self.subjects is None or problem.metadata["subject"] in self.subjects
 
     def locate(self, split: str) -> Path | None:
         """``mmlu_stem/<split>.jsonl``, else ``mmlu/<split>.jsonl``, ``mmlu/<split>/``, ``<split>/``

@@ -85,6 +85,12 @@ def last_number(text: str) -> str | None:
     return normalize_number(last.group(0)) if last else None
 
 
+def _leading_number(window: str) -> str | None:
+    """The number that ``window`` starts with (``#### 18``, not a Markdown heading ``#### Step 2``)."""
+    match = _NUMBER_RE.match(clean_latex_numbers(window))
+    return normalize_number(match.group(0)) if match else None
+
+
 def _marker_number(window: str) -> str | None:
     """The number stated after an answer marker: in "10 - 4 = 6." the part after the last "="."""
     sentence = first_sentence(window)
@@ -96,12 +102,12 @@ def _marker_number(window: str) -> str | None:
 def extract_number(text: str) -> str | None:
     """The final numeric answer in ``text``, normalised, or None.
 
-    In order: the number after the last ``####``; in the last ``\\boxed{}``; after the last
+    In order: the number right after the last ``####``; in the last ``\\boxed{}``; after the last
     answer marker ("The answer is", "Answer:", "final answer is"); else the last number.
     """
     if not isinstance(text, str):
         return None
-    for window, pick in ((after_hashes(text), first_number), (last_boxed(text), first_number),
+    for window, pick in ((after_hashes(text), _leading_number), (last_boxed(text), first_number),
                          (after_answer_marker(text), _marker_number)):
         if window:
             found = pick(window)
