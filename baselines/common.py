@@ -1,0 +1,232 @@
+"""Pieces shared by every trainer: observation layout, policies, masking, checkpoints.
+
+Works with any PettingZoo ``ParallelEnv`` whose action spaces are ``Discrete`` and whose
+observations are a ``Box`` or a ``Dict`` (optionally with an ``"action_mask"`` entry).
+
+* Structured observations (a ``Dict`` with ``"self"`` and ``"peers"``): the MPDF policy, a
+  cross-attention network in which the agent's own embedding attends over its peers'
+  embeddings. Other ``Dict`` entries whose first dimension equals the number of peers (e.g.
+  ``"agreement"``) become extra per-peer columns; the rest are appended to the own state.
+* Anything else: an MLP over the flattened observation.
+
+One network is shared by all agents; logits of masked actions are set to ``-1e9``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from torch import nn
+
+MASKED_LOGIT = -1e9
+CHECKPOINT_FORMAT = 1
+
+
+# ----------------------------------------------------------------------------- observation layout
+@dataclass
+class ObsLayout:
+    """How one agent's observation maps to a flat float vector (own part, then peer rows)."""
+
+    kind: str
+    """"structured" (MPDF cross-attention) or "flat" (MLP)."""
+    self_keys: list[list[Any]] = field(default_factory=list)
+    """[key, shape] entries flattened into the own-state vector ("" is a bare Box)."""
+    peer_keys: list[list[Any]] = field(default_factory=list)
+    """[key, shape] entries with one row (or value) per peer."""
+    num_peers: int = 0
+    mask_key: str | None = None
+    num_actions: int = 0
+
+    @property
+    def self_dim(self) -> int:
+        return sum(int(np.prod(shape)) for _, shape in self.self_keys)
+
+    @property
+    def peer_dim(self) -> int:
+        return sum(int(np.prod(shape[1:])) for _, shape in self.peer_keys)
+
+    @property
+    def obs_dim(self) -> int:
+        return self.self_dim + self.num_peers * self.peer_dim
+
+
+def make_layout(obs_space: gymnasium.Space, act_space: gymnasium.Space, mask_key: str = "action_mask") -> ObsLayout:
+    """The layout of one agent's spaces; raises ValueError on unsupported spaces."""
+    if not isinstance(act_space, gymnasium.spaces.Discrete):
+        raise ValueError(f"the baselines need Discrete action spaces, got {act_space!r}")
+    actions = int(act_space.n)
+    if isinstance(obs_space, gymnasium.spaces.Box):
+        return ObsLayout("flat", [["", list(obs_space.shape)]], num_actions=actions)
+    if not isinstance(obs_space, gymnasium.spaces.Dict):
+        raise ValueError(f"observations must be a Box or a Dict of Boxes, got {obs_space!r}")
+    spaces = dict(obs_space.spaces)
+    mask = mask_key if mask_key in spaces else None
+    if mask is not None and tuple(spaces[mask].shape) != (actions,):
+        raise ValueError(f"observation[{mask!r}] has shape {spaces[mask].shape}, expected ({actions},)")
+    rest = {key: list(space.shape) for key, space in spaces.items() if key != mask}
+    if "self" in rest and "peers" in rest and len(rest["peers"]) == 2:
+        peers = rest["peers"][0]
+        peer_keys = [["peers", rest.pop("peers")]]
+        for key in list(rest):
+            if key != "self" and rest[key][:1] == [peers] and len(rest[key]) <= 2:
+                peer_keys.append([key, rest.pop(key)])
+        self_keys = [["self", rest.pop("self")]] + [[k, s] for k, s in rest.items()]
+        return ObsLayout("structured", self_keys, peer_keys, peers, mask, actions)
+    return ObsLayout("flat", [[k, s] for k, s in rest.items()], mask_key=mask, num_actions=actions)
+
+
+def encode(layout: ObsLayout, obs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One observation -> (flat float32 vector of ``layout.obs_dim``, bool legal-action mask)."""
+    parts = [np.asarray(obs if key == "" else obs[key], dtype=np.float32).reshape(-1) for key, _ in layout.self_keys]
+    if layout.peer_keys:
+        columns = [np.asarray(obs[key], dtype=np.float32).reshape(layout.num_peers, -1) for key, _ in layout.peer_keys]
+        parts.append(np.concatenate(columns, axis=1).reshape(-1))
+    mask = np.asarray(obs[layout.mask_key], dtype=bool) if layout.mask_key else np.ones(layout.num_actions, bool)
+    return np.concatenate(parts), mask
+
+
+def agent_layout(env: Any, mask_key: str = "action_mask") -> ObsLayout:
+    """The shared layout of all agents of ``env`` (parameter sharing needs identical spaces)."""
+    agents = list(env.possible_agents)
+    layouts = [make_layout(env.observation_space(a), env.action_space(a), mask_key) for a in agents]
+    if any(asdict(layout) != asdict(layouts[0]) for layout in layouts[1:]):
+        raise ValueError("parameter sharing needs identical observation and action spaces for every agent")
+    return layouts[0]
+
+
+# ----------------------------------------------------------------------------- networks
+def mlp(inputs: int, hidden: int, outputs: int, layers: int = 2) -> nn.Sequential:
+    modules: list[nn.Module] = []
+    for i in range(layers):
+        modules += [nn.Linear(inputs if i == 0 else hidden, hidden), nn.Tanh()]
+    modules.append(nn.Linear(hidden if layers else inputs, outputs))
+    return nn.Sequential(*modules)
+
+
+class CrossAttentionNet(nn.Module):
+    """MPDF: embed own state and peer rows, own embedding attends over the peers, then a head."""
+
+    def __init__(self, layout: ObsLayout, outputs: int, hidden: int = 64, heads: int = 4):
+        super().__init__()
+        self.layout = layout
+        self.own = mlp(layout.self_dim, hidden, hidden, layers=1)
+        self.peer = mlp(layout.peer_dim, hidden, hidden, layers=1)
+        self.attention = nn.MultiheadAttention(hidden, heads if hidden % heads == 0 else 1, batch_first=True)
+        self.head = mlp(2 * hidden, hidden, outputs, layers=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        own = self.own(x[:, : self.layout.self_dim])
+        if self.layout.num_peers == 0:
+            context = torch.zeros_like(own)
+        else:
+            rows = x[:, self.layout.self_dim :].reshape(x.shape[0], self.layout.num_peers, self.layout.peer_dim)
+            peers = self.peer(rows)
+            context = self.attention(own.unsqueeze(1), peers, peers, need_weights=False)[0].squeeze(1)
+        return self.head(torch.cat([own, context], dim=-1))
+
+
+class FlatNet(nn.Module):
+    """An MLP over the flattened observation."""
+
+    def __init__(self, layout: ObsLayout, outputs: int, hidden: int = 64):
+        super().__init__()
+        self.body = mlp(layout.obs_dim, hidden, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def build_network(layout: ObsLayout, outputs: int, hidden: int = 64) -> nn.Module:
+    return CrossAttentionNet(layout, outputs, hidden) if layout.kind == "structured" else FlatNet(layout, outputs, hidden)
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(~mask, MASKED_LOGIT)
+
+
+class Policy(nn.Module):
+    """The shared meta-policy: observation vector + legal mask -> masked logits."""
+
+    def __init__(self, layout: ObsLayout, hidden: int = 64):
+        super().__init__()
+        self.layout, self.hidden = layout, hidden
+        self.net = build_network(layout, layout.num_actions, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_logits(self.net(x), mask)
+
+    def log_probs(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self(x, mask), dim=-1)
+
+    @torch.no_grad()
+    def act(self, observations: Mapping[str, Any], deterministic: bool = True,
+            generator: torch.Generator | None = None) -> dict[str, int]:
+        """One action per agent of a PettingZoo observation dict (greedy unless ``deterministic=False``)."""
+        agents = list(observations)
+        if not agents:
+            return {}
+        x, mask = stack([encode(self.layout, observations[a]) for a in agents])
+        logits = self(x, mask)
+        if deterministic:
+            chosen = logits.argmax(-1)
+        else:
+            chosen = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+        return {a: int(c) for a, c in zip(agents, chosen.tolist())}
+
+
+def stack(encoded: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(np.stack([e[0] for e in encoded]))
+    mask = torch.from_numpy(np.stack([e[1] for e in encoded]))
+    return x, mask
+
+
+def kl_and_entropy(log_p: torch.Tensor, log_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row KL(p || q) and entropy H(p) of masked categorical log-probabilities."""
+    p = log_p.exp()
+    kl = (p * (log_p - log_q)).sum(-1)
+    entropy = -(p * log_p).sum(-1)
+    return kl, entropy
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def save_checkpoint(path: str, policy: Policy, algo: str, config: Mapping[str, Any], **extra: Any) -> str:
+    """Weights + config + observation layout, loadable with ``load_policy(path)``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save({
+        "format": CHECKPOINT_FORMAT, "algo": algo, "hidden": policy.hidden, "layout": asdict(policy.layout),
+        "config": {k: v for k, v in dict(config).items() if isinstance(v, (int, float, str, bool, type(None)))},
+        "state_dict": policy.state_dict(), **extra,
+    }, path)
+    return path
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a baselines checkpoint (format {CHECKPOINT_FORMAT})")
+    return data
+
+
+def load_policy(path: str) -> Policy:
+    """The policy stored by ``save_checkpoint`` (eval mode). ``policy.act(observations)`` plays it."""
+    data = load_checkpoint(path)
+    policy = Policy(ObsLayout(**data["layout"]), data["hidden"])
+    policy.load_state_dict(data["state_dict"])
+    return policy.eval()
+
+
+# ----------------------------------------------------------------------------- misc
+def seed_everything(seed: int, threads: int = 1) -> torch.Generator:
+    """Seed python, numpy and torch; limit torch threads; return a torch generator for sampling."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    torch.set_num_threads(max(1, threads))
+    return torch.Generator().manual_seed(seed)

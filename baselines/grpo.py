@@ -1,0 +1,50 @@
+"""GRPO: group-relative advantages ``(r - mean) / std`` within each group of K rollouts.
+
+For a comparison group of K returns (K rollouts of one problem, same reset seed; with
+``--credit round`` one group per agent and round) the advantage of return r is
+``(r - mean) / (std + eps)`` when ``std_normalize`` is on, else ``r - mean``. The update is the
+clipped policy gradient with a KL term of ``baselines.group_trainer``. Without the std
+division, advantages scale with the rewards (the reward-scale study shows the effect).
+
+    python -m baselines.train --algo grpo --episodes 8000
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from baselines.common import Policy
+from baselines.group_trainer import GroupConfig, train_grouped
+from baselines.rollout import Rollouts, agent_returns, grouped_apply
+
+
+def group_normalized(returns: np.ndarray, std_normalize: bool = True, eps: float = 1e-6) -> np.ndarray:
+    """``(r - mean) / (std + eps)`` (or ``r - mean``) over one group's returns."""
+    returns = np.asarray(returns, dtype=np.float64)
+    centred = returns - returns.mean()
+    return centred / (returns.std() + eps) if std_normalize else centred
+
+
+@dataclass
+class GRPOConfig(GroupConfig):
+    """GRPO settings."""
+
+    episodes: int = 8000
+    """Training budget in episodes (all K members of every group count)."""
+    std_normalize: bool = True
+    """Divide the centred returns by the group's standard deviation (+ eps)."""
+    eps: float = 1e-6
+    """Added to the group std before dividing."""
+
+
+def advantages(ro: Rollouts, cfg: GRPOConfig) -> np.ndarray:
+    returns, keys = agent_returns(ro, cfg.credit, cfg.gamma)
+    return grouped_apply(returns, keys, ro.episode, lambda r: group_normalized(r, cfg.std_normalize, cfg.eps))
+
+
+def train(cfg: GRPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
+    return train_grouped(cfg, "grpo", lambda ro: advantages(ro, cfg), env_fn)

@@ -1,0 +1,70 @@
+"""Metrics logging (JSONL + CSV, TensorBoard when installed) and the progress bar."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+class MetricsLogger:
+    """Writes one JSON object per log call to ``metrics.jsonl`` (a fresh file per run); ``metrics.csv`` on close."""
+
+    def __init__(self, out_dir: str, tensorboard: bool = True, prefix: str = ""):
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir, self.prefix = out_dir, prefix
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.rows: list[dict[str, Any]] = []
+        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(os.path.join(out_dir, "tb"))
+            except ImportError:
+                self.writer = None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        row = {"step": int(step), **{self.prefix + k: _plain(v) for k, v in metrics.items()}}
+        self.rows.append(row)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self.writer is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.rows:
+            columns = list(dict.fromkeys(k for row in self.rows for k in row))
+            with open(os.path.join(self.out_dir, "metrics.csv"), "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(self.rows)
+
+
+def _plain(value: Any) -> Any:
+    try:
+        return float(value) if not isinstance(value, (bool, int, str)) else value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl file (or of <dir>/metrics.jsonl)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def progress_bar(total: int, description: str, enabled: bool = True) -> tqdm:
+    return tqdm(total=total, desc=description, unit="ep", disable=not enabled, dynamic_ncols=True, leave=False)

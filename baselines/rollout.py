@@ -1,0 +1,237 @@
+"""Rollout collection with groups, and credit assignment (returns and their comparison groups).
+
+``collect`` plays a list of episodes, each given by a reset seed (plus optional reset options)
+and a group id, on a pool of environments stepped in lockstep: one batched forward pass of the
+shared policy per round for every live agent of every environment. Episodes of one group use
+the same seed, so they start from the same state and differ only in the sampled actions (and
+in whatever randomness the environment draws after them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from baselines.common import ObsLayout, Policy, encode, stack
+
+CREDITS = ("episode", "round")
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode to play: ``env.reset(seed=seed, options=options)``; ``group`` ties siblings."""
+
+    seed: int
+    group: int
+    options: dict[str, Any] | None = None
+
+
+@dataclass
+class Rollouts:
+    """Flat per-transition arrays (one row per live agent per round) plus per-episode summaries."""
+
+    obs: np.ndarray
+    mask: np.ndarray
+    actions: np.ndarray
+    logp: np.ndarray
+    rewards: np.ndarray
+    episode: np.ndarray
+    group: np.ndarray
+    agent: np.ndarray
+    step: np.ndarray
+    labels: np.ndarray
+    """Info labels (e.g. oracle actions) when a label key was given, else -1."""
+    state: np.ndarray | None
+    """Centralised-critic input per transition (``env.state()`` or all agents' observations)."""
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+def global_state(env: Any, layout: ObsLayout, obs: dict[str, Any]) -> np.ndarray:
+    state = getattr(env, "state", None)
+    if callable(state):
+        try:
+            return np.asarray(state(), dtype=np.float32).reshape(-1)
+        except NotImplementedError:
+            pass
+    rows = [encode(layout, obs[a])[0] if a in obs else np.zeros(layout.obs_dim, np.float32) for a in env.possible_agents]
+    return np.concatenate(rows)
+
+
+def collect(
+    envs: Sequence[Any],
+    layout: ObsLayout,
+    policy: Policy | None,
+    specs: Sequence[EpisodeSpec],
+    generator: torch.Generator,
+    reward_scale: float = 1.0,
+    label_key: str | None = None,
+    want_state: bool = False,
+    on_round: Callable[[int], None] | None = None,
+) -> Rollouts:
+    """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes). ``policy=None`` plays uniformly random legal actions."""
+    rows: dict[str, list[Any]] = {k: [] for k in ("obs", "mask", "actions", "logp", "rewards", "episode", "group",
+                                                   "agent", "step", "labels", "state")}
+    summaries: list[dict[str, Any]] = []
+    for start in range(0, len(specs), len(envs)):
+        wave = list(specs[start : start + len(envs)])
+        obs, infos, live, base = {}, {}, [], start
+        for e, spec in enumerate(wave):
+            env = envs[e]
+            obs[e], infos[e] = env.reset(seed=spec.seed, options=spec.options)
+            agents = list(env.possible_agents)
+            summaries.append({"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
+                              "returns": dict.fromkeys(agents, 0.0), "tokens": _tokens(infos[e]),
+                              "success": None, "actions": []})
+            _finish_if_done(env, infos[e], summaries[-1])
+            if env.agents:
+                live.append(e)
+        step = 0
+        while live:
+            batch = [(e, a) for e in live for a in envs[e].agents]
+            encoded = [encode(layout, obs[e][a]) for e, a in batch]
+            x, mask = stack(encoded)
+            if policy is None:
+                logits = torch.zeros(mask.shape).masked_fill(~mask, -1e9)
+            else:
+                with torch.no_grad():
+                    logits = policy(x, mask)
+            logp_all = torch.log_softmax(logits, -1)
+            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            logp = logp_all.gather(1, actions[:, None]).squeeze(1)
+            chosen: dict[int, dict[str, int]] = {e: {} for e in live}
+            states = {e: global_state(envs[e], layout, obs[e]) for e in live} if want_state else {}
+            for row, (e, a) in enumerate(batch):
+                chosen[e][a] = int(actions[row])
+                label = infos[e].get(a, {}).get(label_key, -1) if label_key else -1
+                rows["labels"].append(-1 if label is None else int(label))
+                rows["episode"].append(base + e)
+                rows["group"].append(wave[e].group)
+                rows["agent"].append(envs[e].possible_agents.index(a))
+                rows["step"].append(step)
+                if want_state:
+                    rows["state"].append(states[e])
+            rows["obs"].append(x.numpy())
+            rows["mask"].append(mask.numpy())
+            rows["actions"].append(actions.numpy())
+            rows["logp"].append(logp.numpy())
+            still = []
+            for e in live:
+                env, summary = envs[e], summaries[base + e]
+                obs[e], rewards, terms, truncs, infos[e] = env.step(chosen[e])
+                for a, act in chosen[e].items():
+                    reward = float(rewards.get(a, 0.0)) * reward_scale
+                    rows["rewards"].append(reward)
+                    summary["returns"][a] += reward
+                    summary["team_return"] += reward
+                    summary["actions"].append(act)
+                summary["length"] += 1
+                summary["tokens"] += _tokens(infos[e])
+                if all(terms.get(a, False) or truncs.get(a, False) for a in chosen[e]) or not env.agents:
+                    _finish_if_done(env, infos[e], summary, force=True)
+                else:
+                    still.append(e)
+            if on_round is not None:
+                on_round(len(live))
+            live, step = still, step + 1
+    arrays = {k: np.asarray(v) for k, v in rows.items() if k not in ("obs", "mask", "actions", "logp", "state")}
+    return Rollouts(
+        obs=np.concatenate(rows["obs"]) if rows["obs"] else np.zeros((0, layout.obs_dim), np.float32),
+        mask=np.concatenate(rows["mask"]) if rows["mask"] else np.zeros((0, layout.num_actions), bool),
+        actions=np.concatenate(rows["actions"]).astype(np.int64) if rows["actions"] else np.zeros(0, np.int64),
+        logp=np.concatenate(rows["logp"]) if rows["logp"] else np.zeros(0, np.float32),
+        rewards=arrays["rewards"].astype(np.float64), episode=arrays["episode"].astype(np.int64),
+        group=arrays["group"].astype(np.int64), agent=arrays["agent"].astype(np.int64),
+        step=arrays["step"].astype(np.int64), labels=arrays["labels"].astype(np.int64),
+        state=np.stack(rows["state"]).astype(np.float32) if want_state and rows["state"] else None,
+        episodes=summaries,
+    )
+
+
+def _tokens(infos: dict[str, dict[str, Any]]) -> float:
+    return float(sum(info.get("tokens", 0) or 0 for info in infos.values()))
+
+
+def _finish_if_done(env: Any, infos: dict[str, dict[str, Any]], summary: dict[str, Any], force: bool = False) -> None:
+    if env.agents and not force:
+        return
+    flags = [info["consensus_correct"] for info in infos.values() if "consensus_correct" in info]
+    summary["success"] = bool(flags[0]) if flags else None
+
+
+# ----------------------------------------------------------------------------- credit assignment
+def agent_returns(ro: Rollouts, credit: str, gamma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-transition returns and comparison keys for one agent's own rewards.
+
+    ``episode``: the agent's undiscounted episode return, compared within (group, agent).
+    ``round``: the agent's discounted reward-to-go from this round (``gamma=0``: the round's
+    reward alone), compared within (group, agent, round).
+    """
+    if credit not in CREDITS:
+        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    returns = np.zeros(len(ro))
+    for rows in trajectories(ro):
+        rewards = ro.rewards[rows]
+        if credit == "episode":
+            returns[rows] = rewards.sum()
+        else:
+            running = 0.0
+            for i in range(len(rows) - 1, -1, -1):
+                running = rewards[i] + gamma * running
+                returns[rows[i]] = running
+    columns = [ro.group, ro.agent] if credit == "episode" else [ro.group, ro.agent, ro.step]
+    return returns, _keys(np.stack(columns, 1))
+
+
+def team_returns(ro: Rollouts) -> tuple[np.ndarray, np.ndarray]:
+    """The episode's shared team return (sum over agents and rounds) for each transition, keyed by group."""
+    totals = np.array([s["team_return"] for s in ro.episodes])
+    return totals[ro.episode], _keys(ro.group[:, None])
+
+
+def trajectories(ro: Rollouts) -> list[np.ndarray]:
+    """Row indices of each (episode, agent) trajectory, in round order."""
+    order = np.lexsort((ro.step, ro.agent, ro.episode))
+    pairs = np.stack([ro.episode[order], ro.agent[order]], 1)
+    cuts = np.flatnonzero(np.any(pairs[1:] != pairs[:-1], axis=1)) + 1
+    return np.split(order, cuts) if len(order) else []
+
+
+def _keys(columns: np.ndarray) -> np.ndarray:
+    return np.unique(columns, axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def grouped_apply(values: np.ndarray, keys: np.ndarray, units: np.ndarray,
+                  fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``fn`` applied per key to one value per unit (episode), e.g. a group's K returns; broadcast back."""
+    out = np.zeros(len(values))
+    order = np.argsort(keys, kind="stable")
+    cuts = np.flatnonzero(np.diff(keys[order])) + 1
+    for rows in np.split(order, cuts) if len(order) else []:
+        episodes, first, inverse = np.unique(units[rows], return_index=True, return_inverse=True)
+        out[rows] = np.asarray(fn(values[rows][first]), dtype=np.float64)[inverse.reshape(-1)]
+    return out
+
+
+def rollout_metrics(ro: Rollouts, reward_scale: float = 1.0) -> dict[str, float]:
+    """Means over the collected episodes: return (unscaled), success rate, tokens, action shares."""
+    episodes = ro.episodes
+    metrics = {
+        "episode_return": float(np.mean([s["team_return"] for s in episodes])) / reward_scale / max(
+            1, len(episodes[0]["returns"]) if episodes else 1),
+        "episode_length": float(np.mean([s["length"] for s in episodes])) if episodes else 0.0,
+        "tokens": float(np.mean([s["tokens"] for s in episodes])) if episodes else 0.0,
+    }
+    flags = [s["success"] for s in episodes if s["success"] is not None]
+    if flags:
+        metrics["accuracy"] = float(np.mean(flags))
+    if len(ro):
+        counts = np.bincount(ro.actions, minlength=int(ro.mask.shape[1]))
+        metrics.update({f"action_{i}": float(c) / len(ro) for i, c in enumerate(counts)})
+    return metrics

@@ -1,0 +1,121 @@
+"""Train a meta-policy from the command line, then compare it with the fixed protocols.
+
+    python -m baselines.train --algo softrankpo --task arithmetic --backend sim
+    python -m baselines.train --algo grpo --episodes 4000 --seed 1 --out runs/grpo1 --reward-scale 10
+    python -m baselines.train --algo ppo --help          # every field of that algorithm's config
+
+Algorithms: softrankpo (SFT stage, then SoftRankPO), grpo, ppo (+ --centralized-critic for
+MAPPO), magrpo, sft. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
+<out>/policy.pt (``baselines.common.load_policy``); then, unless --no-evaluate, evaluates the
+policy (and the SFT stage's) against the fixed protocols on the test split and saves
+<out>/eval/table.md, table.csv and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from baselines.common import Policy
+from baselines.config import add_config_arguments, config_from_args
+
+ALGORITHMS: dict[str, tuple[str, str]] = {
+    "softrankpo": ("baselines.softrankpo", "SoftRankPOConfig"),
+    "grpo": ("baselines.grpo", "GRPOConfig"),
+    "ppo": ("baselines.ppo", "PPOConfig"),
+    "magrpo": ("baselines.magrpo", "MAGRPOConfig"),
+    "sft": ("baselines.sft", "SFTConfig"),
+}
+
+
+@dataclass
+class EvalOptions:
+    """What the CLI does after training."""
+
+    evaluate: bool = True
+    """Evaluate the trained policy against the fixed protocols on the test split afterwards."""
+    eval_problems: int = 200
+    """Test problems (problem_index 0..P-1) per evaluation seed."""
+    eval_seeds: int = 2
+    """Evaluation seeds 0..n-1 (confidence intervals are across these)."""
+
+
+def config_class(algo: str) -> type:
+    """The config dataclass of an algorithm; ValueError for unknown names."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    module, name = ALGORITHMS[algo]
+    return getattr(importlib.import_module(module), name)
+
+
+def run(algo: str, cfg: Any, env_fn: Callable[[], Any] | None = None) -> Policy:
+    """Train ``algo`` with ``cfg`` (validated) on ``env_fn`` (default: the deliberation env of cfg)."""
+    config_class(algo)
+    cfg.validate()
+    return importlib.import_module(ALGORITHMS[algo][0]).train(cfg, env_fn)
+
+
+def build_parser(algo: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m baselines.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="softrankpo",
+                        help="training algorithm (default: softrankpo); --help after --algo X lists X's fields")
+    add_config_arguments(parser.add_argument_group(f"{algo} config"), config_class(algo))
+    add_config_arguments(parser.add_argument_group("after training"), EvalOptions)
+    return parser
+
+
+def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions) -> str:
+    from baselines import evaluate
+    from baselines.protocols import PROTOCOLS
+
+    checkpoints = {}
+    if os.path.exists(os.path.join(out, "sft", "policy.pt")):
+        checkpoints["sft"] = os.path.join(out, "sft", "policy.pt")
+    checkpoints[algo] = os.path.join(out, "policy.pt")
+    env_kwargs = {"task": cfg.task, "backend": cfg.backend, "split": "test", "max_rounds": cfg.max_rounds}
+    entries = evaluate.standard_entries(checkpoints, PROTOCOLS, env_kwargs)
+    rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)))
+    table = evaluate.save_table(rows, os.path.join(out, "eval"))
+    evaluate.plot_accuracy_vs_tokens(rows, os.path.join(out, "eval", "accuracy_vs_tokens.png"))
+    runs = {algo: out, **({"sft": os.path.join(out, "sft")} if "sft" in checkpoints and algo != "sft" else {})}
+    evaluate.plot_learning_curves({algo: out} if algo == "sft" else runs, os.path.join(out, "eval", "learning_curves.png"))
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> Policy:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--algo", default="softrankpo")
+    algo = pre.parse_known_args(argv)[0].algo
+    if algo not in ALGORITHMS:
+        build_parser("softrankpo").parse_args(argv)  # argparse reports the invalid choice and exits
+    args = build_parser(algo).parse_args(argv)
+    cfg = config_from_args(config_class(algo), args)
+    options = config_from_args(EvalOptions, args)
+    if not cfg.out:
+        cfg = replace(cfg, out=os.path.join("runs", f"{algo}-seed{cfg.seed}"))
+    try:
+        cfg.validate()
+    except ValueError as error:
+        build_parser(algo).error(str(error))
+    start = time.time()
+    policy = run(algo, cfg)
+    print(f"trained {algo} in {time.time() - start:.0f}s -> {os.path.join(cfg.out, 'policy.pt')}")
+    if options.evaluate:
+        start = time.time()
+        table = evaluate_run(algo, cfg, cfg.out, options)
+        print(f"\nTest split, {options.eval_problems} problems x {options.eval_seeds} seeds "
+              f"(mean ± 95% CI across seeds; evaluated in {time.time() - start:.0f}s):\n{table}")
+        print(f"saved {os.path.join(cfg.out, 'eval')}/table.md, table.csv, accuracy_vs_tokens.png, learning_curves.png")
+    return policy
+
+
+if __name__ == "__main__":
+    main()
