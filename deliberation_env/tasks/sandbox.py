@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import os
@@ -150,7 +151,8 @@ def _bwrap_prefix() -> tuple[str, ...]:
         for keep in {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(_python()))}:
             if keep.startswith(home + os.sep):
                 args += ["--ro-bind", keep, keep]
-    args += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--cap-drop", "ALL"]
+    # --as-pid-1: the program is the namespace's init, so bwrap leaves no orphaned reaper behind
+    args += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--as-pid-1", "--cap-drop", "ALL"]
     return tuple(args)
 
 
@@ -235,6 +237,7 @@ def _user_tasks() -> int:
 # program would cost an RCU grace period (~20 ms) each time.
 _thread_state = threading.local()
 _thread_cgroups: list[Path] = []
+_cgroup_serial = itertools.count()
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
@@ -267,7 +270,7 @@ def _enter_thread_cgroup() -> None:
     if base is None:
         return
     tid = threading.get_native_id()
-    path = base / f"deliberation-sandbox-{os.getpid()}-{tid}"
+    path = base / f"deliberation-sandbox-{os.getpid()}-{tid}-{next(_cgroup_serial)}"
     try:
         path.mkdir(exist_ok=True)
         (path / "tasks").write_text(str(tid))
@@ -276,6 +279,13 @@ def _enter_thread_cgroup() -> None:
         return
     _thread_state.cgroup = path
     _thread_cgroups.append(path)
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def _sweep_cgroup(path: Path) -> None:
@@ -291,7 +301,7 @@ def _sweep_cgroup(path: Path) -> None:
 def _remove_thread_cgroups() -> None:
     deadline = time.monotonic() + 1.0
     for path in _thread_cgroups:
-        while path.exists():
+        while path.exists():  # empty once the threads have ended and the host has reaped zombies
             _sweep_cgroup(path)
             with contextlib.suppress(OSError):
                 path.rmdir()
@@ -391,6 +401,11 @@ def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: 
         if mode == "unshare":
             command = [*_UNSHARE_PREFIX, *command]
     cgroup: Path | None = getattr(_thread_state, "cgroup", None)
+    if cgroup is not None and _read_int(cgroup / "pids.current") > 1:
+        # A past program left processes (or zombies that only the host's init will reap) that still
+        # count against pids.max: move this thread to a fresh cgroup; the old one is removed later.
+        _enter_thread_cgroup()
+        cgroup = getattr(_thread_state, "cgroup", None)
     if cgroup is not None:  # this thread counts too
         with contextlib.suppress(OSError):
             (cgroup / "pids.max").write_text(str(max_processes + 9))
