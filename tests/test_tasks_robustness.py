@@ -7,6 +7,7 @@ Each call must return (a string or None; a bool) within one second, including in
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from functools import cache
 
@@ -36,6 +37,7 @@ ADVERSARIAL = [
     "answer is " * 5_000, " " * 50_000, "$" * 50_000, "9^" * 25_000 + "9", "(" * 50_000, "#### " * 10_000,
     "\\text{ " * 7_000, "1" * 4_999 + "." + "1" * 45_000, "-" * 50_000, "\\frac{1}{" * 5_000, "A)" * 25_000,
     "\\boxed{" + "{" * 20_000 + "}" * 20_000 + "}", "Answer: " + "(" * 40_000, "x=" * 25_000,
+    "\\(" * 12_500 + "\\)" * 12_500, " $ " * 15_000, "." * 50_000, "The answer is $" + "\\frac{" * 7_000,
 ]
 
 
@@ -115,3 +117,19 @@ def test_time_limit_restores_an_outer_timer():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_latex_equal_in_a_worker_thread():
+    """Signals only work in the main thread: there, risky inputs are refused instead of timed."""
+    results: dict[str, bool] = {}
+
+    def work():
+        results["half"] = latex_equal("\\frac{2}{4}+0", "\\frac{1}{2}")
+        started = time.perf_counter()
+        results["tower"] = latex_equal("9^{9^{9^{9^{9}}}}", "2")
+        results["fast"] = time.perf_counter() - started < LIMIT
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=30)
+    assert results == {"half": True, "tower": False, "fast": True}

@@ -54,22 +54,45 @@ _ASSIGNMENT_RE = re.compile(r"[A-Za-z]=([^=A-Za-z]{1,200})")
 _PLAIN_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+|-?\d+/\d+")
 
 
-def normalize_latex(answer: str) -> str:
-    """The light normal form of a LaTeX answer (see the module docstring)."""
-    text = answer.strip()
-    for _ in range(2):  # "$\boxed{...}$." style wrappers, at most two levels
-        text = text.rstrip(".").strip()
+def _strip_wrappers(text: str) -> str:
+    """Remove outer whitespace, trailing dots and matched ``$``/``\\(``/``\\[`` pairs, to a fixed
+    point (index arithmetic, so linear even for thousands of nested wrappers)."""
+    i, j = 0, len(text)
+    while True:
+        before = (i, j)
+        while j > i and (text[j - 1].isspace() or text[j - 1] == "."):
+            j -= 1
+        while i < j and text[i].isspace():
+            i += 1
         for left, right in _DELIMITERS:
-            if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right):
-                text = text[len(left) : -len(right)].strip()
+            if j - i > len(left) + len(right) and text.startswith(left, i) and text.endswith(right, i, j):
+                i, j = i + len(left), j - len(right)
+                break
+        if (i, j) == before:
+            return text[i:j]
+
+
+def _normalize_once(text: str) -> str:
+    text = _strip_wrappers(text)
     for pattern, replacement in _RULES:
         text = pattern.sub(replacement, text)
-    text = text.rstrip(".")
+    text = _strip_wrappers(text)
     assignment = _ASSIGNMENT_RE.fullmatch(text)
     if assignment:
         text = assignment.group(1)
     if _PLAIN_NUMBER_RE.fullmatch(text):
         text = normalize_number(text) or text
+    return text
+
+
+def normalize_latex(answer: str) -> str:
+    """The light normal form of a LaTeX answer (see the module docstring); idempotent."""
+    text = answer
+    for _ in range(4):  # one pass almost always suffices; rules can expose a new wrapper
+        normal = _normalize_once(text)
+        if normal == text:
+            break
+        text = normal
     return text
 
 
@@ -161,11 +184,12 @@ _VERIFIED: dict[tuple[str, str], bool] = {}
 _VERIFIED_MAX = 100_000
 
 
-def latex_equal(pred: str | None, gold: str, timeout: float = 0.75) -> bool:
+def latex_equal(pred: str | None, gold: str, timeout: float = 0.5) -> bool:
     """Whether two LaTeX answers are mathematically equivalent (never raises).
 
-    Normal forms equal -> True; both plain numbers -> exact comparison; otherwise
-    math-verify under ``timeout`` seconds (False on time-out or error).
+    Normal forms equal -> True; both plain numbers -> exact comparison; too long (over
+    ``MAX_VERIFY_CHARS``) or unbalanced braces -> False; otherwise math-verify under
+    ``timeout`` seconds (False on time-out or error).
     """
     if not isinstance(pred, str) or not pred.strip():
         return False
@@ -176,8 +200,8 @@ def latex_equal(pred: str | None, gold: str, timeout: float = 0.75) -> bool:
         left_value, right_value = plain_number(left), plain_number(right)
         if left_value is not None and right_value is not None:
             return left_value == right_value
-        if len(left) > MAX_VERIFY_CHARS or len(right) > MAX_VERIFY_CHARS:
-            return False
+        if len(left) > MAX_VERIFY_CHARS or len(right) > MAX_VERIFY_CHARS or left.count("{") != left.count("}"):
+            return False  # too long, or not LaTeX (unbalanced braces): strings already differ
         key = (left, right)
         if key not in _VERIFIED:
             _math_verify()

@@ -119,7 +119,7 @@ class MathTask(DatasetTask):
     fields = {"problem": str, "answer": str}
     default_prompts = PROMPTS
 
-    def __init__(self, data_dir: Any = None, *, timeout: float = 0.75, **kwargs: Any):
+    def __init__(self, data_dir: Any = None, *, timeout: float = 0.5, **kwargs: Any):
         super().__init__(data_dir, **kwargs)
         if not 0 < timeout <= 60:
             raise ValueError(f"timeout must be in (0, 60] seconds, got {timeout!r}")
