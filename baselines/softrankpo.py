@@ -78,6 +78,8 @@ class SoftRankPOConfig(GroupConfig):
 
     episodes: int = 12000
     """RL budget in episodes (all K members of every group count)."""
+    kl_coef: float = 0.2
+    """Weight of KL(pi || reference), the SFT policy (0.05 drifted below the SFT policy's test accuracy on the sim; 0.2 held it)."""
     tau: float = 0.8
     """Temperature: A = Phi^-1(p) / tau (paper's best 0.8; tried 0.4 to 5.0)."""
     sft_episodes: int = 1500
