@@ -67,7 +67,7 @@ _CODE_LANGS = {"", "python", "py", "python3", "py3", "ipython", "pycon"}
 _MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""")
 _CODE_START = re.compile(r"^(?:from\s+[\w.]+\s+import\s|import\s+\w|(?:async\s+)?def\s+\w+\s*\(|class\s+\w+|@\w)")
 _TOP_CODE = re.compile(r"^(?:from\s|import\s|(?:async\s+)?def\s|class\s|@|#|if\s+__name__|[A-Za-z_][\w.\[\], ]*\s*[-+*/]?=(?!=))")
-_SUBSTANTIVE = (ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.While, ast.If, ast.With,
+_SUBSTANTIVE = (ast.Return, ast.Assign, ast.AugAssign, ast.For, ast.While, ast.If, ast.With,
                 ast.Try, ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Raise, ast.Assert)
 
 
@@ -109,13 +109,15 @@ def _compiles(code: str) -> bool:
     return True
 
 
-def _is_body(code: str) -> bool:
+def _is_body(code: str, need_return: bool = False) -> bool:
     """Whether dedented ``code`` is a function body doing something (not prose, not a bare name)."""
     wrapped = "def _f():\n" + textwrap.indent(code, "    ", lambda line: True)
     tree = _parses(wrapped)
     if tree is None or not _compiles(wrapped):
         return False
     body = tree.body[0].body  # type: ignore[attr-defined]
+    if need_return and not any(isinstance(node, ast.Return) for node in ast.walk(tree)):
+        return False
     return any(isinstance(node, _SUBSTANTIVE) for node in body) or any(
         isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in body)
 
@@ -125,8 +127,19 @@ def _body_form(code: str) -> str:
 
 
 def _unfenced_code(text: str, entry: str | None) -> str | None:
-    """Code in text without fences: a program with prose around it, or a bare body."""
+    """Code in text without fences: a raw (indented) completion, a program amid prose, or a bare body."""
     lines = text.replace("\r\n", "\n").split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        return None
+    if lines[first][0].isspace():  # a raw completion: the indented body (or indented program), up to a dedent
+        block = []
+        for line in lines[first:]:
+            if line.strip() and not line[0].isspace():
+                break
+            block.append(line)
+        candidate = normalize_code("\n".join(block))
+        return candidate if _is_body(candidate) else None
     starts = [i for i, line in enumerate(lines) if _CODE_START.match(line)]
     if starts and any(defines(line, entry) or defines(line) for line in lines):
         block = [lines[starts[0]]]
@@ -137,17 +150,8 @@ def _unfenced_code(text: str, entry: str | None) -> str | None:
         while len(block) > 1 and _parses("\n".join(block)) is None:  # trim trailing prose
             block.pop()
         return normalize_code("\n".join(block))
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if first is not None and lines[first][0].isspace():  # a raw completion: the indented body
-        block = []
-        for line in lines[first:]:
-            if line.strip() and not line[0].isspace():
-                break
-            block.append(line)
-        candidate = normalize_code("\n".join(block))
-        return candidate if _is_body(candidate) else None
-    candidate = normalize_code(text)
-    return candidate if candidate and _is_body(candidate) else None
+    candidate = normalize_code(text)  # bare text: only a body that returns something counts as code
+    return candidate if candidate and _is_body(candidate, need_return=True) else None
 
 
 def find_code(text: str, entry: str | None = None) -> str | None:
@@ -349,7 +353,7 @@ class HumanEvalTask(BaseTask):
         return [self._grades[self._key(p, a)] for p, a in items]
 
     # -------------------------------------------------------------------- simulated backend
-    def distractors(self, problem: Problem, rng: random.Random, count: int = 3, batch: int = 4) -> list[str]:
+    def distractors(self, problem: Problem, rng: random.Random, count: int = 3, batch: int = 3) -> list[str]:
         """Up to ``count`` mutants of the gold program that fail the tests without timing out."""
         candidates = mutants(problem.answer, problem.metadata["entry_point"], rng)
         found: list[str] = []
