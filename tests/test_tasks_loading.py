@@ -137,6 +137,12 @@ def test_mmlu_original_csv_folders(layout, tmp_path):
     assert len(only) == 1
 
 
+def test_mmlu_jsonl_layout_comes_before_csv_folders(tmp_path):
+    _write(tmp_path, "mmlu/test/anatomy_test.csv", MMLU_CSV)
+    _write(tmp_path, "mmlu_stem/test.jsonl", [json.dumps(GOOD_ROWS["mmlu"])])
+    assert len(TASKS.make("mmlu", data_dir=tmp_path).problems("test")) == 1
+
+
 def test_mmlu_single_csv_file_and_bad_csv_line(tmp_path):
     path = _write(tmp_path, "anatomy_test.csv", MMLU_CSV)
     problems = TASKS.make("mmlu", data_dir=path).problems("test")
@@ -144,6 +150,10 @@ def test_mmlu_single_csv_file_and_bad_csv_line(tmp_path):
     bad = _write(tmp_path, "bad_test.csv", [MMLU_CSV[0], "too,few,columns"])
     with pytest.raises(DataFormatError, match=r"bad_test.csv, line 2: expected 6 columns"):
         TASKS.make("mmlu", data_dir=bad).problems("test")
+    _write(tmp_path, "mmlu/test/good_test.csv", MMLU_CSV)
+    _write(tmp_path, "mmlu/test/worse_test.csv", [MMLU_CSV[0], MMLU_CSV[1], "q,1,2,3,4,E"])
+    with pytest.raises(DataFormatError, match=r"worse_test.csv, line 3: 'answer' should be .* got 'E'"):
+        TASKS.make("mmlu", data_dir=tmp_path).problems("test")
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ asks ``math-verify`` (with sympy) under a wall-clock limit. It never raises: any
 time-out counts as "not equal".
 
 Time limit: in the main thread a ``SIGALRM`` interval timer (math-verify's own integer-second
-alarms are switched off so they cannot cancel it); in other threads signals are unavailable,
-so inputs that could make sympy run long (huge exponents, factorials, long strings) are
-refused instead.
+alarms are switched off so they cannot cancel it); in other threads (or without
+``signal.setitimer``, e.g. on Windows) signals are unavailable, so inputs that could make
+sympy run long (huge exponents, factorials, sums, long strings) are refused instead.
 """
 
 from __future__ import annotations
@@ -135,6 +135,16 @@ def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
             signal.setitimer(signal.ITIMER_REAL, remaining, previous_interval)
 
 
+def _timer_available() -> bool:
+    """An interval timer works here: POSIX, the main thread, and no SIGALRM handler installed
+    outside Python (which could not be restored)."""
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) is not None
+    )
+
+
 _RISKY_RE = re.compile(r"\^\s{0,3}\{?\s{0,3}[-\d]{4,}|!|\^[^$]{0,40}\^|\\(?:sum|prod|int|lim)(?![A-Za-z])")
 
 
@@ -205,7 +215,7 @@ def latex_equal(pred: str | None, gold: str, timeout: float = 0.5) -> bool:
         key = (left, right)
         if key not in _VERIFIED:
             _math_verify()
-            if threading.current_thread() is threading.main_thread():
+            if _timer_available():
                 result = call_with_time_limit(lambda: _verify(left, right), timeout)
             elif _risky_without_timer(left):
                 return False

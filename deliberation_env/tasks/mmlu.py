@@ -153,7 +153,7 @@ class MMLUTask(DatasetTask):
             if not base:
                 continue
             root = Path(base).expanduser()
-            for relative in (f"mmlu/{split}.jsonl", f"mmlu/{folder}", folder):
+            for relative in (self.sources[split].relative, f"mmlu/{split}.jsonl", f"mmlu/{folder}", folder):
                 candidate = root / relative
                 if candidate.is_file() or (candidate.is_dir() and any(candidate.glob("*.csv"))):
                     return candidate
@@ -186,9 +186,13 @@ class MMLUTask(DatasetTask):
             for cells in reader:
                 if not any(cell.strip() for cell in cells):
                     continue
+                where = f"{path}, line {reader.line_num}"
                 if len(cells) != 6:
-                    raise DataFormatError(f"{path}, line {reader.line_num}: expected 6 columns "
-                                          f"(question, A, B, C, D, answer), got {len(cells)}")
+                    raise DataFormatError(f"{where}: expected 6 columns (question, A, B, C, D, answer), got {len(cells)}")
+                try:
+                    gold_letter(cells[5])
+                except ValueError as error:
+                    raise DataFormatError(f"{where}: {error}") from None
                 row = {"question": cells[0], "choices": cells[1:5], "answer": cells[5], "subject": subject}
                 rows.append((reader.line_num, row))
         return rows
@@ -232,9 +236,8 @@ class MMLUTask(DatasetTask):
     def render_solution(self, problem: Problem, answer: str | None, rng: random.Random) -> str:
         if answer is None:
             return rng.choice(NO_ANSWER_TEXTS)
-        choice = problem.metadata["choices"][LETTERS.index(answer)]
-        return "\n".join((
-            rng.choice(("Let me consider each option in turn.", "I recall the relevant facts first.")),
-            f"The best fit is: {choice}",
-            f"The answer is ({answer}).",
-        ))
+        lines = [rng.choice(("Let me consider each option in turn.", "I recall the relevant facts first."))]
+        if answer in LETTERS:
+            lines.append(f"The best fit is: {problem.metadata['choices'][LETTERS.index(answer)]}")
+        lines.append(f"The answer is ({answer}).")
+        return "\n".join(lines)
