@@ -1,0 +1,94 @@
+"""Meta-action distribution before (SFT) and after RL (SoftRankPO), per deliberation round.
+
+    python bench/action_shift.py --seed 0 --problems 200
+
+Trains SFT -> SoftRankPO with the defaults of ``python -m baselines.train`` (or reuses
+``--run DIR`` holding sft/policy.pt and policy.pt), plays both greedily on test problems
+0..P-1 (evaluation seeds 0 and 1) and reports PERSIST / REFINE / CONCEDE shares overall and
+per round, next to the oracle's. Saves bench/results/action_shift.{md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections import Counter
+
+import numpy as np
+
+import deliberation_env
+from baselines.common import load_policy
+from baselines.evaluate import PolicyActor
+from baselines.protocols import make_protocol
+from baselines.softrankpo import SoftRankPOConfig, train
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+NAMES = ("PERSIST", "REFINE", "CONCEDE")
+
+
+def action_shares(actor, problems: int, seeds: list[int]) -> tuple[np.ndarray, float]:
+    """(rounds x 3 shares, accuracy) over the test problems."""
+    env = deliberation_env.parallel_env(split="test")
+    counts: dict[int, Counter] = {}
+    correct = 0
+    for seed in seeds:
+        for index in range(problems):
+            actor.reset(seed * 100_003 + index)
+            obs, infos = env.reset(seed=seed * 100_003 + index, options={"problem_index": index})
+            t = 0
+            while env.agents:
+                chosen = actor.act(obs, infos)
+                counts.setdefault(t, Counter()).update(chosen.values())
+                obs, _, _, _, infos = env.step(chosen)
+                t += 1
+            correct += next(iter(infos.values()))["consensus_correct"]
+    shares = np.array([[counts[t][a] / sum(counts[t].values()) for a in range(3)] for t in sorted(counts)])
+    return shares, correct / (problems * len(seeds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--problems", type=int, default=200)
+    parser.add_argument("--run", default=None, help="existing SoftRankPO run directory (skips training)")
+    args = parser.parse_args()
+    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    run = args.run or f"runs/bench_action_shift/seed{args.seed}"
+    if args.run is None:
+        train(SoftRankPOConfig(seed=args.seed, out=run, progress=False, tensorboard=False))
+    actors = {"SFT": PolicyActor(load_policy(os.path.join(run, "sft", "policy.pt"))),
+              "SoftRankPO": PolicyActor(load_policy(os.path.join(run, "policy.pt"))), "oracle": make_protocol("oracle")}
+    lines = ["| policy | accuracy | round | PERSIST | REFINE | CONCEDE |", "|---|---|---|---|---|---|"]
+    overall = {}
+    for name, actor in actors.items():
+        shares, accuracy = action_shares(actor, args.problems, [0, 1])
+        overall[name] = shares.mean(0)
+        lines.append(f"| {name} | {accuracy:.3f} | all | " + " | ".join(f"{x:.2f}" for x in shares.mean(0)) + " |")
+        for t, row in enumerate(shares):
+            lines.append(f"| {name} |  | {t + 1} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
+    table = "\n".join(lines)
+    header = f"Greedy meta-actions on {args.problems} test problems x eval seeds 0 1 (training seed {args.seed})"
+    print(f"\n{header}:\n{table}")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "action_shift.md"), "w", encoding="utf-8") as f:
+        f.write(f"{header}\n\n{table}\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    width = 0.8 / len(overall)
+    for k, (name, shares) in enumerate(overall.items()):
+        ax.bar(np.arange(3) + k * width, shares, width, label=name)
+    ax.set_xticks(np.arange(3) + width * (len(overall) - 1) / 2, NAMES)
+    ax.set_ylabel("share of meta-actions")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "action_shift.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()

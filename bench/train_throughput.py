@@ -1,0 +1,101 @@
+"""Environment rounds per second inside the training loop vs the bare environment, same run.
+
+    python bench/train_throughput.py --episodes 3000
+
+A round is one ``env.step`` (every agent acts once). Measured in one process, one after the other:
+
+1. bare env: uniformly random legal actions, one env, a plain Python loop;
+2. rollout collection only: ``baselines.rollout.collect`` with the (untrained) policy network
+   on ``num_envs`` envs in lockstep (encoding, batched forward pass, sampling, bookkeeping);
+3. the full SoftRankPO training loop (``sft_episodes=0``): collection + advantages + updates.
+
+Overhead ratio = bare rounds/s / in-loop rounds/s. Saves bench/results/train_throughput.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+
+import numpy as np
+
+import deliberation_env
+from baselines.common import Policy, agent_layout, seed_everything
+from baselines.rollout import EpisodeSpec, collect
+from baselines.softrankpo import SoftRankPOConfig, train
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+class Counter:
+    rounds = 0
+
+
+def counting_env(**kwargs):
+    env = deliberation_env.parallel_env(split="train", **kwargs)
+    step = env.step
+
+    def counted(actions):
+        Counter.rounds += 1
+        return step(actions)
+
+    env.step = counted
+    return env
+
+
+def bare(episodes: int) -> float:
+    env = deliberation_env.parallel_env(split="train")
+    rng = np.random.default_rng(0)
+    rounds, start = 0, time.perf_counter()
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=episode)
+        while env.agents:
+            obs, *_ = env.step({a: int(rng.choice(np.flatnonzero(o["action_mask"]))) for a, o in obs.items()})
+            rounds += 1
+    return rounds / (time.perf_counter() - start)
+
+
+def collection_only(episodes: int, num_envs: int) -> float:
+    generator = seed_everything(0, 1)
+    envs = [counting_env() for _ in range(num_envs)]
+    layout = agent_layout(envs[0])
+    policy = Policy(layout)
+    specs = [EpisodeSpec(s, s // 8) for s in range(episodes)]
+    Counter.rounds, start = 0, time.perf_counter()
+    collect(envs, layout, policy, specs, generator)
+    return Counter.rounds / (time.perf_counter() - start)
+
+
+def training_loop(episodes: int, num_envs: int) -> float:
+    cfg = SoftRankPOConfig(episodes=episodes, sft_episodes=0, num_envs=num_envs, out="runs/bench_throughput",
+                           progress=False, tensorboard=False)
+    Counter.rounds, start = 0, time.perf_counter()
+    train(cfg, env_fn=counting_env)
+    return Counter.rounds / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=3000)
+    parser.add_argument("--num-envs", type=int, default=32)
+    args = parser.parse_args()
+    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    rates = {"bare env (random actions)": bare(args.episodes),
+             "rollout collection (policy, lockstep envs)": collection_only(args.episodes, args.num_envs),
+             "SoftRankPO training loop (collect + update)": training_loop(args.episodes, args.num_envs)}
+    base = rates["bare env (random actions)"]
+    lines = ["| measurement | rounds / s | overhead ratio (bare / this) |", "|---|---|---|"]
+    lines += [f"| {name} | {rate:.0f} | {base / rate:.2f} |" for name, rate in rates.items()]
+    table = "\n".join(lines)
+    header = f"{args.episodes} episodes each, num_envs={args.num_envs}, torch threads 1, seed 0"
+    print(f"\n{header}:\n{table}")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "train_throughput.md"), "w", encoding="utf-8") as f:
+        f.write(f"{header}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
