@@ -262,6 +262,26 @@ def test_run_many_keeps_order_and_isolates_programs():
     assert [r.passed for r in run_many(["pass", "1/0", "pass"], workers=2)] == [True, False, True]
 
 
+def _child_runs_a_program(queue) -> None:
+    queue.put(run_python("print('from the child')").stdout)
+
+
+def test_works_in_a_forked_child():
+    """A forked worker (multiprocessing) must not wait on the parent's spawner threads."""
+    import multiprocessing
+
+    assert run_many(["pass", "pass"], workers=2)[0].passed and run_python("pass").passed  # spawners exist
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_runs_a_program, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=30) == "from the child\n"
+    finally:
+        child.join(timeout=30)
+    assert child.exitcode == 0
+
+
 def test_isolation_override_and_validation(monkeypatch):
     monkeypatch.setenv(sandbox.ISOLATION_ENV_VAR, "rlimits")
     assert available_isolation() == "rlimits"

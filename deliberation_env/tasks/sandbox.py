@@ -290,6 +290,18 @@ def _remove_stale_cgroups(base: Path) -> None:
                 path.rmdir()
 
 
+def _forget_spawners() -> None:
+    """In a forked child the spawner threads do not exist: start afresh (the cgroups stay the parent's)."""
+    global _pools_lock
+    _pools.clear()
+    _thread_cgroups.clear()
+    _pools_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spawners)
+
+
 def _spawner_pool(workers: int) -> ThreadPoolExecutor:
     with _pools_lock:
         if workers not in _pools:
