@@ -190,6 +190,12 @@ def _verify(pred: str, gold: str) -> bool:
     return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def _balanced(text: str) -> bool:
+    """Braces pair up, and as many brackets open as close (intervals such as ``[2,3)`` mix them)."""
+    opened = text.count("(") + text.count("[")
+    return text.count("{") == text.count("}") and opened == text.count(")") + text.count("]")
+
+
 _VERIFIED: dict[tuple[str, str], bool] = {}
 _VERIFIED_MAX = 100_000
 
@@ -198,7 +204,7 @@ def latex_equal(pred: str | None, gold: str, timeout: float = 0.5) -> bool:
     """Whether two LaTeX answers are mathematically equivalent (never raises).
 
     Normal forms equal -> True; both plain numbers -> exact comparison; too long (over
-    ``MAX_VERIFY_CHARS``) or unbalanced braces -> False; otherwise math-verify under
+    ``MAX_VERIFY_CHARS``) or unbalanced brackets -> False; otherwise math-verify under
     ``timeout`` seconds (False on time-out or error).
     """
     if not isinstance(pred, str) or not pred.strip():
@@ -210,8 +216,8 @@ def latex_equal(pred: str | None, gold: str, timeout: float = 0.5) -> bool:
         left_value, right_value = plain_number(left), plain_number(right)
         if left_value is not None and right_value is not None:
             return left_value == right_value
-        if len(left) > MAX_VERIFY_CHARS or len(right) > MAX_VERIFY_CHARS or left.count("{") != left.count("}"):
-            return False  # too long, or not LaTeX (unbalanced braces): strings already differ
+        if len(left) > MAX_VERIFY_CHARS or len(right) > MAX_VERIFY_CHARS or not _balanced(left):
+            return False  # too long, or not a formula (unbalanced brackets): strings already differ
         key = (left, right)
         if key not in _VERIFIED:
             _math_verify()
