@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -112,6 +113,14 @@ def test_load_jsonl_reports_line_numbers_and_types(tmp_path):
     with pytest.raises(DataFormatError, match=r"rows.jsonl, line 3: field 'a' should be str, got int"):
         load_jsonl(path, {"a": str})
     assert load_jsonl(path) == [(1, {"a": "x"}), (3, {"a": 3})]
+
+
+def test_gzipped_jsonl_file(tmp_path):
+    path = tmp_path / "rows.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write(json.dumps(GOOD_ROWS["gsm8k"]) + "\n")
+    problems = TASKS.make("gsm8k", data_dir=path).problems("train")
+    assert [p.answer for p in problems] == ["5"]
 
 
 def test_gsm8k_limit_and_a_single_file_as_data_dir(data_dir):
