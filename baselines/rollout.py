@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pettingzoo import ParallelEnv
 
 from baselines.common import ObsLayout, Policy, encode, stack
 
@@ -54,12 +55,9 @@ class Rollouts:
 
 
 def global_state(env: Any, layout: ObsLayout, obs: dict[str, Any]) -> np.ndarray:
-    state = getattr(env, "state", None)
-    if callable(state):
-        try:
-            return np.asarray(state(), dtype=np.float32).reshape(-1)
-        except NotImplementedError:
-            pass
+    """``env.state()`` when the env overrides PettingZoo's default, else all agents' observations concatenated."""
+    if getattr(type(env), "state", ParallelEnv.state) is not ParallelEnv.state:
+        return np.asarray(env.state(), dtype=np.float32).reshape(-1)
     rows = [encode(layout, obs[a])[0] if a in obs else np.zeros(layout.obs_dim, np.float32) for a in env.possible_agents]
     return np.concatenate(rows)
 

@@ -69,16 +69,16 @@ class CoordinationGame(ParallelEnv):
                 {a: False for a in agents}, {a: {} for a in agents})
 
 
-@pytest.mark.parametrize(("algo", "masked"), [("softrankpo", False), ("magrpo", True), ("ppo", False)])
+@pytest.mark.parametrize(("algo", "masked"), [("softrankpo", False), ("magrpo", True), ("ppo", False), ("mappo", True)])
 def test_foreign_env_learns_cooperative_optimum(tmp_path, algo, masked):
     common = {"episodes": 1200, "num_envs": 16, "out": str(tmp_path), "progress": False, "tensorboard": False}
     if algo == "softrankpo":
         cfg = SoftRankPOConfig(sft_episodes=0, group_size=8, groups_per_batch=8, **common)
     elif algo == "magrpo":
         cfg = MAGRPOConfig(group_size=8, groups_per_batch=8, **common)
-    else:
-        cfg = train_cli.config_class("ppo")(episodes_per_batch=64, **common)
-    policy = train_cli.run(algo, cfg, env_fn=lambda: CoordinationGame(masked))
+    else:  # mappo: the game has no state(), so the critic sees both agents' observations
+        cfg = train_cli.config_class("ppo")(episodes_per_batch=64, centralized_critic=algo == "mappo", **common)
+    policy = train_cli.run("ppo" if algo == "mappo" else algo, cfg, env_fn=lambda: CoordinationGame(masked))
     env = CoordinationGame(masked)
     obs, _ = env.reset()
     assert policy.layout.kind == "flat"
