@@ -5,11 +5,14 @@
 A round is one ``env.step`` (every agent acts once). Measured in one process, one after the other:
 
 1. bare env: uniformly random legal actions, one env, a plain Python loop;
-2. rollout collection only: ``baselines.rollout.collect`` with the (untrained) policy network
-   on ``num_envs`` envs in lockstep (encoding, batched forward pass, sampling, bookkeeping);
+2. rollout collection only: ``baselines.rollout.collect`` on ``num_envs`` envs in lockstep
+   (encoding, batched forward pass, sampling, bookkeeping), with random legal actions and
+   with the (untrained) policy network;
 3. the full SoftRankPO training loop (``sft_episodes=0``): collection + advantages + updates.
 
-Overhead ratio = bare rounds/s / in-loop rounds/s. Saves bench/results/train_throughput.md.
+Overhead ratio = bare rounds/s / in-loop rounds/s. Rounds/s depends on the action mix (a REFINE
+costs the sim a generation and a critic call), so the REFINE share of each row is printed; the
+like-for-like comparison of the machinery is row 1 vs row 2. Saves bench/results/train_throughput.md.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 import deliberation_env
 from baselines.common import Policy, agent_layout, seed_everything
+from baselines.logger import read_metrics
 from baselines.rollout import EpisodeSpec, collect
 from baselines.softrankpo import SoftRankPOConfig, train
 
@@ -46,35 +50,40 @@ def counting_env(**kwargs):
     return env
 
 
-def bare(episodes: int) -> float:
+def bare(episodes: int) -> tuple[float, float]:
+    """(rounds/s, REFINE share) of a plain loop with uniformly random legal actions."""
     env = deliberation_env.parallel_env(split="train")
     rng = np.random.default_rng(0)
-    rounds, start = 0, time.perf_counter()
+    rounds, refines, start = 0, 0, time.perf_counter()
     for episode in range(episodes):
         obs, _ = env.reset(seed=episode)
         while env.agents:
-            obs, *_ = env.step({a: int(rng.choice(np.flatnonzero(o["action_mask"]))) for a, o in obs.items()})
+            actions = {a: int(rng.choice(np.flatnonzero(o["action_mask"]))) for a, o in obs.items()}
+            refines += sum(v == 1 for v in actions.values())
+            obs, *_ = env.step(actions)
             rounds += 1
-    return rounds / (time.perf_counter() - start)
+    return rounds / (time.perf_counter() - start), refines / (3 * rounds)
 
 
-def collection_only(episodes: int, num_envs: int) -> float:
+def collection_only(episodes: int, num_envs: int, use_policy: bool) -> tuple[float, float]:
+    """(rounds/s, REFINE share): collect() with random legal actions (as the bare loop) or the policy."""
     generator = seed_everything(0, 1)
     envs = [counting_env() for _ in range(num_envs)]
     layout = agent_layout(envs[0])
-    policy = Policy(layout)
     specs = [EpisodeSpec(s, s // 8) for s in range(episodes)]
     Counter.rounds, start = 0, time.perf_counter()
-    collect(envs, layout, policy, specs, generator)
-    return Counter.rounds / (time.perf_counter() - start)
+    ro = collect(envs, layout, Policy(layout) if use_policy else None, specs, generator)
+    return Counter.rounds / (time.perf_counter() - start), float(np.mean(ro.actions == 1))
 
 
-def training_loop(episodes: int, num_envs: int) -> float:
+def training_loop(episodes: int, num_envs: int) -> tuple[float, float]:
     cfg = SoftRankPOConfig(episodes=episodes, sft_episodes=0, num_envs=num_envs, out="runs/bench_throughput",
                            progress=False, tensorboard=False)
     Counter.rounds, start = 0, time.perf_counter()
     train(cfg, env_fn=counting_env)
-    return Counter.rounds / (time.perf_counter() - start)
+    rate = Counter.rounds / (time.perf_counter() - start)
+    rows = read_metrics("runs/bench_throughput")
+    return rate, float(np.mean([r["action_1"] for r in rows]))
 
 
 def main() -> None:
@@ -83,12 +92,13 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=32)
     args = parser.parse_args()
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
-    rates = {"bare env (random actions)": bare(args.episodes),
-             "rollout collection (policy, lockstep envs)": collection_only(args.episodes, args.num_envs),
-             "SoftRankPO training loop (collect + update)": training_loop(args.episodes, args.num_envs)}
-    base = rates["bare env (random actions)"]
-    lines = ["| measurement | rounds / s | overhead ratio (bare / this) |", "|---|---|---|"]
-    lines += [f"| {name} | {rate:.0f} | {base / rate:.2f} |" for name, rate in rates.items()]
+    rates = {"bare env, random legal actions": bare(args.episodes),
+             "collect(), random legal actions (same action mix as bare)": collection_only(args.episodes, args.num_envs, False),
+             "collect(), untrained policy network": collection_only(args.episodes, args.num_envs, True),
+             "SoftRankPO training loop (collect + advantages + update)": training_loop(args.episodes, args.num_envs)}
+    base = rates["bare env, random legal actions"][0]
+    lines = ["| measurement | rounds / s | overhead ratio (bare / this) | REFINE share |", "|---|---|---|---|"]
+    lines += [f"| {name} | {rate:.0f} | {base / rate:.2f} | {refine:.2f} |" for name, (rate, refine) in rates.items()]
     table = "\n".join(lines)
     header = f"{args.episodes} episodes each, num_envs={args.num_envs}, torch threads 1, seed 0"
     print(f"\n{header}:\n{table}")
