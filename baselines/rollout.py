@@ -71,9 +71,10 @@ def collect(
     reward_scale: float = 1.0,
     label_key: str | None = None,
     want_state: bool = False,
-    on_round: Callable[[int], None] | None = None,
+    on_episodes: Callable[[int], None] | None = None,
 ) -> Rollouts:
-    """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes). ``policy=None`` plays uniformly random legal actions."""
+    """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes). ``policy=None`` plays uniformly random legal
+    actions; ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
     rows: dict[str, list[Any]] = {k: [] for k in ("obs", "mask", "actions", "logp", "rewards", "episode", "group",
                                                    "agent", "step", "labels", "state")}
     summaries: list[dict[str, Any]] = []
@@ -135,8 +136,8 @@ def collect(
                     _finish_if_done(env, infos[e], summary, force=True)
                 else:
                     still.append(e)
-            if on_round is not None:
-                on_round(len(live))
+            if on_episodes is not None:
+                on_episodes(len(live) - len(still))
             live, step = still, step + 1
     arrays = {k: np.asarray(v) for k, v in rows.items() if k not in ("obs", "mask", "actions", "logp", "state")}
     return Rollouts(
@@ -218,14 +219,14 @@ def grouped_apply(values: np.ndarray, keys: np.ndarray, units: np.ndarray,
 
 
 def rollout_metrics(ro: Rollouts, reward_scale: float = 1.0) -> dict[str, float]:
-    """Means over the collected episodes: return (unscaled), success rate, tokens, action shares."""
+    """Means over the collected episodes: per-agent return (unscaled), success rate, tokens, action shares."""
     episodes = ro.episodes
-    metrics = {
-        "episode_return": float(np.mean([s["team_return"] for s in episodes])) / reward_scale / max(
-            1, len(episodes[0]["returns"]) if episodes else 1),
-        "episode_length": float(np.mean([s["length"] for s in episodes])) if episodes else 0.0,
-        "tokens": float(np.mean([s["tokens"] for s in episodes])) if episodes else 0.0,
-    }
+    if not episodes:
+        return {}
+    per_agent = [s["team_return"] / max(1, len(s["returns"])) / reward_scale for s in episodes]
+    metrics = {"episode_return": float(np.mean(per_agent)),
+               "episode_length": float(np.mean([s["length"] for s in episodes])),
+               "tokens": float(np.mean([s["tokens"] for s in episodes]))}
     flags = [s["success"] for s in episodes if s["success"] is not None]
     if flags:
         metrics["accuracy"] = float(np.mean(flags))

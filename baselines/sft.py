@@ -59,11 +59,9 @@ def train(cfg: SFTConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     policy = Policy(layout, cfg.hidden)
     rng = np.random.default_rng(cfg.seed)
     specs = [EpisodeSpec(int(s), i) for i, s in enumerate(rng.integers(0, 2**31 - 1, size=cfg.episodes))]
-    bar = progress_bar(cfg.episodes, "sft data", cfg.progress)
-    ro = collect(envs, layout, policy if cfg.behaviour == "policy" else None, specs, generator, cfg.reward_scale,
-                 label_key=cfg.label_key, on_round=None)
-    bar.update(cfg.episodes)
-    bar.close()
+    with progress_bar(cfg.episodes, "sft data", cfg.progress) as bar:
+        ro = collect(envs, layout, policy if cfg.behaviour == "policy" else None, specs, generator, cfg.reward_scale,
+                     label_key=cfg.label_key, on_episodes=bar.update)
     for env in envs:
         env.close()
     labels = ro.labels

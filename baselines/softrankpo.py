@@ -86,6 +86,8 @@ class SoftRankPOConfig(GroupConfig):
     """Stage 1: episodes of oracle-labelled data for behaviour cloning (0: no SFT stage, start from scratch)."""
     sft_epochs: int = 15
     """Stage 1: cross-entropy passes over the labelled data."""
+    sft_init: str | None = None
+    """An SFT checkpoint: skip stage 1, start from it and use it as the KL reference (same as --init)."""
 
     def validate(self) -> None:
         super().validate()
@@ -103,6 +105,8 @@ def advantages(ro: Rollouts, cfg: SoftRankPOConfig) -> np.ndarray:
 def train(cfg: SoftRankPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     """SFT (unless ``cfg.init``), then SoftRankPO with the SFT policy as KL reference."""
     cfg.validate()
+    if cfg.sft_init is not None:
+        cfg = replace(cfg, init=cfg.sft_init, sft_init=None)
     out = cfg.out or f"runs/softrankpo-seed{cfg.seed}"
     policy = reference = None
     if cfg.init is None and cfg.sft_episodes > 0:

@@ -122,3 +122,14 @@ def test_help_documents_every_field(capsys):
     for phrase in ("--tau", "Phi^-1(p) / tau", "--group-size", "rollouts per problem", "--reward-scale",
                    "multiplied by this", "--credit", "--sft-episodes", "--kl-coef"):
         assert phrase in text
+
+
+def test_softrankpo_sft_init_skips_stage_one_and_starts_from_the_checkpoint(tmp_path):
+    sft = train_cli.main(["--algo", "sft", "--out", str(tmp_path / "sft"), *TINY, "--epochs", "2"])
+    args = ["--algo", "softrankpo", *TINY, *GROUP, "--sft-init", str(tmp_path / "sft" / "policy.pt")]
+    untouched = train_cli.main([*args, "--episodes", "0", "--out", str(tmp_path / "rl0")])
+    for a, b in zip(sft.state_dict().values(), untouched.state_dict().values()):
+        assert torch.equal(a, b)
+    assert not (tmp_path / "rl0" / "sft").exists()
+    trained = train_cli.main([*args, "--out", str(tmp_path / "rl")])
+    assert not all(torch.equal(a, b) for a, b in zip(sft.state_dict().values(), trained.state_dict().values()))
