@@ -162,8 +162,9 @@ def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: st
     return path
 
 
-def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accuracy") -> str:
-    """One curve per run directory / metrics.jsonl: ``metric`` (falls back to episode_return) vs episodes."""
+def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accuracy", smooth: int = 10) -> str:
+    """One curve per run directory / metrics.jsonl: ``metric`` (falls back to episode_return) vs episodes,
+    as a running mean over ``smooth`` batches (the raw values faint behind it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,7 +176,11 @@ def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accurac
         key = metric if any(metric in r for r in rows) else "episode_return"
         rows = [r for r in rows if key in r]
         if rows:
-            ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"{name} ({key})")
+            steps, values = np.array([r["step"] for r in rows]), np.array([r[key] for r in rows], dtype=float)
+            width = max(1, min(smooth, len(values)))
+            mean = np.convolve(values, np.ones(width) / width, mode="valid")
+            line = ax.plot(steps[width - 1 :], mean, label=f"{name} ({key}, mean of {width})")[0]
+            ax.plot(steps, values, color=line.get_color(), alpha=0.2, linewidth=0.8)
     ax.set_xlabel("training episodes")
     ax.set_ylabel(metric + " (training rollouts)")
     ax.legend(fontsize=8)
