@@ -2,9 +2,10 @@
 
     python bench/learned_vs_protocols.py --seeds 0 1 2 --problems 200
 
-For each seed s: train SFT -> SoftRankPO with ``--seed s`` (two runs in parallel), then evaluate
-the SFT policy, the SoftRankPO policy and every fixed protocol on test problems 0..P-1 with
-evaluation seed s. Mean ± 95% t-interval across the seeds. Saves
+For each seed s: train SFT -> SoftRankPO with ``--seed s`` and, as a control without oracle
+labels, SoftRankPO from scratch (``sft_episodes=0``, same RL budget) (two runs in parallel);
+then evaluate the SFT policy, both SoftRankPO policies and every fixed protocol on test
+problems 0..P-1 with evaluation seed s. Mean ± 95% t-interval across the seeds. Saves
 bench/results/learned_vs_protocols.{md,csv}, accuracy_vs_tokens PNG and learning curves.
 """
 
@@ -24,10 +25,11 @@ from baselines.softrankpo import SoftRankPOConfig, train
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def train_seed(args: tuple[int, str, int]) -> str:
-    seed, runs, episodes = args
-    out = os.path.join(runs, f"softrankpo-seed{seed}")
-    train(SoftRankPOConfig(seed=seed, out=out, episodes=episodes, progress=False, tensorboard=False))
+def train_seed(args: tuple[int, str, int, bool]) -> str:
+    seed, runs, episodes, scratch = args
+    out = os.path.join(runs, f"softrankpo{'-scratch' if scratch else ''}-seed{seed}")
+    train(SoftRankPOConfig(seed=seed, out=out, episodes=episodes, progress=False, tensorboard=False,
+                           sft_episodes=0 if scratch else SoftRankPOConfig.sft_episodes))
     return out
 
 
@@ -45,15 +47,17 @@ def main() -> None:
 
     start = time.time()
     with ProcessPoolExecutor(args.workers) as pool:
-        outs = list(pool.map(train_seed, [(s, args.runs, args.episodes) for s in args.seeds]))
-    print(f"trained {len(outs)} seeds in {time.time() - start:.0f}s")
+        jobs = [(s, args.runs, args.episodes, scratch) for scratch in (False, True) for s in args.seeds]
+        done = list(pool.map(train_seed, jobs))
+    outs, scratch_outs = done[: len(args.seeds)], done[len(args.seeds) :]
+    print(f"trained {len(done)} runs in {time.time() - start:.0f}s")
     env = deliberation_env.parallel_env(split="test")
     rows = []
-    for name in ("sft", "softrankpo"):
-        runs = []
-        for seed, out in zip(args.seeds, outs):
-            path = os.path.join(out, "sft", "policy.pt") if name == "sft" else os.path.join(out, "policy.pt")
-            runs.append(play(env, PolicyActor(load_policy(path)), args.problems, seed))
+    learned = {"sft": [os.path.join(o, "sft", "policy.pt") for o in outs],
+               "softrankpo": [os.path.join(o, "policy.pt") for o in outs],
+               "softrankpo (no SFT)": [os.path.join(o, "policy.pt") for o in scratch_outs]}
+    for name, paths in learned.items():
+        runs = [play(env, PolicyActor(load_policy(p)), args.problems, s) for s, p in zip(args.seeds, paths)]
         rows.append(summarize(name, runs))
     for proto in PROTOCOLS:
         proto_env = deliberation_env.parallel_env(split="test", num_agents=1) if proto == "single" else env
@@ -62,13 +66,15 @@ def main() -> None:
     print(f"\nTest split, {args.problems} problems, seeds {args.seeds} (train seed = eval seed for learned rows):")
     print(table)
     plot_accuracy_vs_tokens(rows, os.path.join(RESULTS, "learned_vs_protocols.png"), "SoftRankPO vs fixed protocols (sim)")
-    plot_learning_curves({f"seed{s}": out for s, out in zip(args.seeds, outs)},
-                         os.path.join(RESULTS, "learned_vs_protocols_curves.png"))
+    curves = {f"seed{s}": out for s, out in zip(args.seeds, outs)}
+    curves.update({f"no SFT, seed{s}": out for s, out in zip(args.seeds, scratch_outs)})
+    plot_learning_curves(curves, os.path.join(RESULTS, "learned_vs_protocols_curves.png"))
     best = max((r for r in rows if r["name"] in PROTOCOLS and r["name"] != "oracle"), key=lambda r: r["accuracy"])
-    learned = rows[1]
     debate = next(r for r in rows if r["name"] == "debate")
-    print(f"\nSoftRankPO {learned['accuracy']:.3f} vs best fixed protocol ({best['name']}) {best['accuracy']:.3f}; "
-          f"tokens {learned['tokens']:.0f} vs debate {debate['tokens']:.0f}; total {time.time() - start:.0f}s")
+    for row in rows[1:3]:
+        print(f"{row['name']}: {row['accuracy']:.3f} vs best fixed protocol ({best['name']}) {best['accuracy']:.3f}; "
+              f"tokens {row['tokens']:.0f} vs debate {debate['tokens']:.0f}")
+    print(f"total {time.time() - start:.0f}s")
 
 
 if __name__ == "__main__":
