@@ -1,0 +1,324 @@
+"""A local Hugging Face ``transformers`` backend: any model directory or GGUF file.
+
+Batched generation with left padding: requests are grouped by ``max_tokens``, sorted by
+prompt length and cut into batches of ``batch_size``. Each request keeps its own sampling
+settings and its own random stream: the sampling is a per-row Gumbel-max draw
+(``argmax(logits / T + Gumbel noise)``, after a per-row top-p cut) whose noise comes from a
+``torch.Generator`` seeded with that request's seed, so a row's draws do not depend on which
+other requests share its batch. Temperature 0 is greedy decoding.
+
+Reproducibility: the same requests in the same batches give the same text, token for token,
+so a seeded episode (or a seeded set of batched episodes) replays exactly. Putting a request in
+a *different* batch can change float rounding (other padding, other matmul shapes) and, rarely,
+flip a near-tie between two tokens; use ``CachedBackend`` when replays must be exact
+across different batchings.
+
+GGUF files are dequantised at load time (about 15-25 s for a small model on a CPU). With
+``converted_cache_dir`` the dense weights are saved there once, under a key made of the file's
+name, size, modification time and the dtype, and later loads read them in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deliberation_env.backends.base import Completion, Request
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, Any] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "auto": "auto",
+}
+
+
+class _SeededSampler:
+    """A logits processor that turns greedy search into per-row seeded sampling (Gumbel-max)."""
+
+    def __init__(self, requests: Sequence[Request], device: torch.device):
+        self.temperatures = [float(r.temperature) for r in requests]
+        self.top_ps = [float(r.top_p) for r in requests]
+        generator_device = device if device.type == "cuda" else torch.device("cpu")
+        self.generators = []
+        for request in requests:
+            generator = torch.Generator(device=generator_device)
+            generator.manual_seed(int(request.seed) & 0x7FFF_FFFF_FFFF_FFFF)
+            self.generators.append(generator)
+        self.noise_device = generator_device
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.float().clone()
+        vocab = scores.shape[-1]
+        for row, (temperature, top_p, generator) in enumerate(zip(self.temperatures, self.top_ps, self.generators)):
+            if temperature <= 0.0:
+                continue  # greedy
+            logits = scores[row] / temperature
+            if top_p < 1.0:
+                logits = _top_p_filter(logits, top_p)
+            uniform = torch.rand(vocab, generator=generator, device=self.noise_device).to(scores.device)
+            gumbel = -torch.log(-torch.log(uniform.clamp(1e-10, 1.0 - 1e-7)))
+            scores[row] = logits + gumbel
+        return scores
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set to -inf every token outside the smallest set whose probability reaches ``top_p``."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    outside = torch.cumsum(probs, dim=-1) - probs > top_p
+    filtered = logits.clone()
+    filtered[order[outside]] = float("-inf")
+    return filtered
+
+
+class TransformersBackend:
+    """Generates locally with a ``transformers`` causal LM (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        gguf_file: str | os.PathLike[str] | None = None,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        batch_size: int = 16,
+        converted_cache_dir: str | os.PathLike[str] | None = None,
+        top_logprobs: int = 20,
+        num_threads: int | None = None,
+        trust_remote_code: bool = False,
+    ):
+        """``model``: a local model directory (or hub id), or a ``.gguf`` file path.
+
+        ``gguf_file``: a GGUF file name inside ``model`` (or a full path). ``dtype``: bfloat16
+        (fastest on most CPUs), float16, float32 or auto. ``converted_cache_dir``: where to keep
+        the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
+        first-token log-probabilities critic requests return.
+        """
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if top_logprobs < 1:
+            raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs!r}")
+        self.source, self.gguf_file = _resolve_source(model, gguf_file)
+        self.dtype_name, self.device = dtype, torch.device(device)
+        self.batch_size, self.top_logprobs = batch_size, top_logprobs
+        self.converted_cache_dir = Path(converted_cache_dir).expanduser() if converted_cache_dir else None
+        self.trust_remote_code = trust_remote_code
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.loaded_from = ""
+        self.tokenizer, self.model = self._load()
+        self.model.to(self.device).eval()
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.generate_calls = 0
+        self.batches = 0
+
+    # ------------------------------------------------------------------ loading
+    def _load(self):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = DTYPES[self.dtype_name]
+        common = {"trust_remote_code": self.trust_remote_code}
+        if self.gguf_file is None:
+            self.loaded_from = str(self.source)
+            tokenizer = AutoTokenizer.from_pretrained(self.source, **common)
+            model = AutoModelForCausalLM.from_pretrained(self.source, dtype=dtype, **common)
+            return _prepare_tokenizer(tokenizer), model
+        converted = self._converted_dir()
+        if converted is not None and (converted / "converted.json").is_file():
+            self.loaded_from = str(converted)
+            tokenizer = AutoTokenizer.from_pretrained(converted, **common)
+            model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype, **common)
+            return _prepare_tokenizer(tokenizer), model
+        self.loaded_from = str(Path(self.source) / self.gguf_file)
+        kwargs: dict[str, Any] = {"gguf_file": self.gguf_file, **common}
+        tokenizer = AutoTokenizer.from_pretrained(self.source, **kwargs)
+        try:
+            from transformers import GgufConfig
+
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)  # dense weights: fast, saveable
+        except ImportError:  # older transformers always dequantise GGUF
+            pass
+        model = AutoModelForCausalLM.from_pretrained(self.source, dtype=dtype, **kwargs)
+        if converted is not None:
+            self._save_converted(tokenizer, model, converted)
+        return _prepare_tokenizer(tokenizer), model
+
+    def _converted_dir(self) -> Path | None:
+        if self.converted_cache_dir is None or self.gguf_file is None:
+            return None
+        path = Path(self.source) / self.gguf_file
+        stat = path.stat()
+        key = f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}|{self.dtype_name}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return self.converted_cache_dir / f"{path.stem}-{self.dtype_name}-{digest}"
+
+    def _save_converted(self, tokenizer, model, target: Path) -> None:
+        """Save the dense model next to ``target`` and move it into place atomically."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            source = Path(self.source) / self.gguf_file  # type: ignore[operator]
+            (staging / "converted.json").write_text(json.dumps({"gguf": str(source), "dtype": self.dtype_name}))
+            os.replace(staging, target)
+            log.info("saved the dequantised %s to %s", source.name, target)
+        except OSError as error:  # another process won the race, or the disk is read-only
+            if not (target / "converted.json").is_file():
+                log.warning("could not keep the converted model in %s: %s", target, error)
+        except ValueError as error:  # e.g. a model that transformers refuses to serialise
+            log.warning("could not save the converted model (%s); it will be converted again next time", error)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        for value in (configured if isinstance(configured, list) else [configured], [self.tokenizer.eos_token_id]):
+            ids.extend(int(v) for v in value if v is not None and int(v) not in ids)
+        if not ids:
+            raise ValueError(f"model {self.source!r} has no end-of-sequence token; cannot stop generation")
+        return ids
+
+    # ------------------------------------------------------------------ protocol
+    def identity(self) -> str:
+        name = Path(self.gguf_file).name if self.gguf_file else Path(str(self.source)).name
+        return f"transformers:{name},dtype={self.dtype_name},top_logprobs={self.top_logprobs}"
+
+    def __repr__(self) -> str:
+        return (
+            f"TransformersBackend(model={self.identity().split(':', 1)[1].split(',')[0]!r}, dtype={self.dtype_name!r}, "
+            f"device={str(self.device)!r}, batch_size={self.batch_size}, loaded_from={self.loaded_from!r})"
+        )
+
+    def close(self) -> None:
+        """Nothing to release (the model stays usable); present for symmetry with other backends."""
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        self.generate_calls += 1
+        prompts = [self._encode(request) for request in requests]
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].max_tokens, len(prompts[i])))
+        results: list[Completion | None] = [None] * len(requests)
+        start = 0
+        while start < len(order):
+            max_tokens = requests[order[start]].max_tokens
+            end = start
+            while end < len(order) and end - start < self.batch_size and requests[order[end]].max_tokens == max_tokens:
+                end += 1
+            batch = order[start:end]
+            for index, completion in zip(batch, self._generate_batch([requests[i] for i in batch], [prompts[i] for i in batch])):
+                results[index] = completion
+            start = end
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ internals
+    def _encode(self, request: Request) -> list[int]:
+        messages = [m.as_dict() for m in request.messages]
+        if self.tokenizer.chat_template:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:  # a base model without a template: a plain transcript
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @torch.inference_mode()
+    def _generate_batch(self, requests: Sequence[Request], prompts: Sequence[list[int]]) -> list[Completion]:
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        self.batches += 1
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt) :] = 1
+        want_logprobs = any(r.logprobs for r in requests)
+        config = GenerationConfig(
+            max_new_tokens=requests[0].max_tokens,
+            do_sample=False,
+            num_beams=1,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            return_dict_in_generate=True,
+            output_logits=want_logprobs,
+        )
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            generation_config=config,
+            logits_processor=LogitsProcessorList([_SeededSampler(requests, self.device)]),
+        )
+        generated = output.sequences[:, width:].tolist()
+        first_logits = output.logits[0].float() if want_logprobs and output.logits else None
+        completions = []
+        for row, (request, prompt, tokens) in enumerate(zip(requests, prompts, generated)):
+            stop = next((k for k, token in enumerate(tokens) if token in self.eos_ids), None)
+            kept = tokens if stop is None else tokens[:stop]
+            completions.append(
+                Completion(
+                    text=self.tokenizer.decode(kept, skip_special_tokens=True),
+                    prompt_tokens=len(prompt),
+                    completion_tokens=len(tokens) if stop is None else stop + 1,
+                    top_logprobs=self._top_logprobs(first_logits[row]) if request.logprobs and first_logits is not None else None,
+                    finish_reason="length" if stop is None else "stop",
+                )
+            )
+        return completions
+
+    def _top_logprobs(self, logits: torch.Tensor) -> dict[str, float]:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        values, ids = torch.topk(logprobs, min(self.top_logprobs, logprobs.shape[-1]))
+        result: dict[str, float] = {}
+        for value, token_id in zip(values.tolist(), ids.tolist()):
+            text = self.tokenizer.decode([token_id])
+            result[text] = _logaddexp(result[text], value) if text in result else value
+        return result
+
+
+def _logaddexp(a: float, b: float) -> float:
+    high = max(a, b)
+    return high + math.log(math.exp(a - high) + math.exp(b - high))
+
+
+def _prepare_tokenizer(tokenizer):
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _resolve_source(model: str | os.PathLike[str], gguf_file: str | os.PathLike[str] | None) -> tuple[str, str | None]:
+    """(directory or hub id, GGUF file name inside it or None)."""
+    path = Path(model).expanduser()
+    if gguf_file is None and path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+        return str(path.parent), path.name
+    if gguf_file is not None:
+        gguf = Path(gguf_file).expanduser()
+        if gguf.is_absolute() or (not (path / gguf).is_file() and gguf.is_file()):
+            if not gguf.is_file():
+                raise FileNotFoundError(f"GGUF file {str(gguf)!r} does not exist")
+            return str(gguf.resolve().parent), gguf.name
+        if path.is_dir() and not (path / gguf).is_file():
+            raise FileNotFoundError(f"GGUF file {gguf.name!r} is not in {str(path)!r}")
+        return str(path), str(gguf)
+    if path.exists():
+        return str(path), None
+    if str(model).startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+    return str(model), None  # a hub id (needs network access or a local hub cache)
