@@ -1,0 +1,56 @@
+"""TransformersBackend on the real SmolLM2-135M GGUF (loaded once per session)."""
+
+from __future__ import annotations
+
+import pytest
+
+import deliberation_env
+from deliberation_env.backends.base import Message, Request
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory):
+    from deliberation_env.backends.models import smollm2_gguf_path
+    from deliberation_env.backends.transformers import TransformersBackend
+
+    directory = tmp_path_factory.mktemp("converted")
+    return TransformersBackend(smollm2_gguf_path(), converted_cache_dir=directory, batch_size=8)
+
+
+def _request(seed: int, question: str = "What is 17 + 25?", *, logprobs: bool = False, temperature: float = 0.9) -> Request:
+    messages = (Message("system", "You are a careful math assistant."), Message("user", question))
+    return Request(messages, "critic" if logprobs else "solve", 0, seed, max_tokens=16, temperature=temperature, logprobs=logprobs)
+
+
+def test_batch_left_padding_seeds_and_tokens(smol):
+    requests = [_request(s, "What is 17 + 25?" + " Please explain." * (s % 3)) for s in range(6)]
+    first = smol.generate(requests)
+    again = smol.generate(requests)
+    assert [c.text for c in first] == [c.text for c in again]
+    assert all(c.prompt_tokens > 0 and 0 < c.completion_tokens <= 16 for c in first)
+    assert len({c.prompt_tokens for c in first}) == 3  # different prompt lengths padded together
+    same_prompt = smol.generate([_request(s) for s in range(6)])
+    assert len({c.text for c in same_prompt}) > 1  # different seeds, different samples
+
+
+def test_critic_logprobs_and_converted_reload(smol):
+    critic = smol.generate([_request(1, "Is 2 + 2 = 4? Reply Yes or No.", logprobs=True, temperature=0.0)])[0]
+    assert critic.top_logprobs and len(critic.top_logprobs) >= 5
+    assert all(v <= 0.0 for v in critic.top_logprobs.values())
+    from deliberation_env.backends.transformers import TransformersBackend
+
+    reloaded = TransformersBackend(smol.source + "/" + smol.gguf_file, converted_cache_dir=smol.converted_cache_dir)
+    assert reloaded.loaded_from != smol.loaded_from  # read from the converted directory
+    request = _request(4, temperature=0.0)
+    assert reloaded.generate([request])[0].text == smol.generate([request])[0].text
+
+
+def test_env_episode(smol):
+    env = deliberation_env.parallel_env(task="arithmetic", backend=smol, max_rounds=1, max_tokens=24, critic_max_tokens=8)
+    observations, infos = env.reset(seed=0)
+    observations, rewards, *_, infos = env.step({agent: 1 for agent in env.agents})
+    for agent, observation in observations.items():
+        assert env.observation_space(agent).contains(observation)
+    assert all(info["confidence_source"] in {"logprobs", "verbalized", "verdict", "default"} for info in infos.values())
