@@ -1,0 +1,137 @@
+"""OpenAICompatibleBackend against a real llama.cpp server and a real misbehaving local server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+import deliberation_env
+from deliberation_env.backends.base import Message, Request
+from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
+
+OK = {"choices": [{"message": {"role": "assistant", "content": "The answer is 4"}, "finish_reason": "stop"}],
+      "usage": {"prompt_tokens": 5, "completion_tokens": 4}}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_llama(port: int) -> subprocess.Popen:
+    from deliberation_env.backends.models import smollm2_gguf_path
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf_path()), "--host", "127.0.0.1",
+         "--port", str(port), "--n_ctx", "2048", "--verbose", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("llama.cpp server did not start")
+
+
+@pytest.fixture(scope="session")
+def llama_url():
+    pytest.importorskip("llama_cpp.server")
+    port = _free_port()
+    process = _start_llama(port)
+    yield f"http://127.0.0.1:{port}/v1"
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def _request(**kw) -> Request:
+    return Request((Message("user", "Is 2 + 2 = 4? Reply Yes or No."),), "critic", 0, 7, max_tokens=8, temperature=0.0, **kw)
+
+
+def test_real_episode_failover_and_logprobs(llama_url):
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    backend = OpenAICompatibleBackend([dead, llama_url], model="smol", backoff=0.01)
+    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=1, max_tokens=24, critic_max_tokens=8)
+    observations, infos = env.reset(seed=0)
+    observations, _, _, _, infos = env.step({agent: 1 for agent in env.agents})
+    assert all(env.observation_space(a).contains(o) for a, o in observations.items())
+    assert {info["confidence_source"] for info in infos.values()} == {"logprobs"}
+    assert backend.generate([_request(logprobs=True)])[0].top_logprobs
+
+
+def test_server_stopped_mid_episode_names_url():
+    pytest.importorskip("llama_cpp.server")
+    port = _free_port()
+    process = _start_llama(port)
+    url = f"http://127.0.0.1:{port}/v1"
+    backend = OpenAICompatibleBackend(url, model="smol", max_retries=1, backoff=0.01)
+    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=2, max_tokens=16, critic_max_tokens=8)
+    env.reset(seed=1)
+    process.terminate()
+    process.wait(timeout=30)
+    with pytest.raises(BackendError, match=f"127.0.0.1:{port}"):
+        env.step({agent: 1 for agent in env.agents})
+
+
+class _Faulty(BaseHTTPRequestHandler):
+    script: list = []
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        status, body = self.script.pop(0) if self.script else (200, json.dumps(OK))
+        if status == "close":
+            self.connection.close()
+            return
+        if status == "stall":
+            time.sleep(1.5)
+            status, body = 200, json.dumps(OK)
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def faulty():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Faulty)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", _Faulty.script
+    server.shutdown()
+    _Faulty.script.clear()
+
+
+@pytest.mark.parametrize("fault", [(500, "oops"), (429, "slow down"), (200, "{not json"), "close", "stall"])
+def test_transient_faults_are_retried(faulty, fault):
+    url, script = faulty
+    script.append(fault if isinstance(fault, tuple) else (fault, ""))
+    backend = OpenAICompatibleBackend(url, model="m", backoff=0.01, timeout=0.5)
+    assert backend.generate([_request()])[0].text == "The answer is 4"
+    assert backend.retries == 1
+
+
+def test_wrong_model_and_empty_completion(faulty, monkeypatch):
+    url, script = faulty
+    monkeypatch.setenv("TEST_KEY", "sk-secret-123")
+    script.append((404, '{"error": "model nope not found, key sk-secret-123"}'))
+    backend = OpenAICompatibleBackend(url, model="nope", api_key_env="TEST_KEY")
+    with pytest.raises(BackendError) as error:
+        backend.generate([_request()])
+    assert "404" in str(error.value) and url in str(error.value) and "sk-secret-123" not in str(error.value)
+    assert "sk-secret" not in repr(backend) + backend.identity()
+    script.append((200, json.dumps({"choices": [{"message": {"content": ""}}]})))
+    empty = backend.generate([_request()])[0]
+    assert empty.text == "" and empty.completion_tokens == 0
