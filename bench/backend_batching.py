@@ -1,0 +1,93 @@
+"""Generated tokens/s of SmolLM2 on the transformers backend: (a) one request at a time,
+(b) batched within each env, (c) batched across envs; plus cache replay generations/s."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import deliberation_env
+from deliberation_env.backends.cache import CachedBackend
+from deliberation_env.backends.models import smollm2_gguf_path
+from deliberation_env.backends.transformers import TransformersBackend
+from deliberation_env.vector import run_batched
+
+
+class OneAtATime:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def identity(self):
+        return self.inner.identity()
+
+    def generate(self, requests):
+        return [self.inner.generate([r])[0] for r in requests]
+
+
+class Counting:
+    def __init__(self, inner):
+        self.inner, self.tokens = inner, 0
+
+    def identity(self):
+        return self.inner.identity()
+
+    def generate(self, requests):
+        out = self.inner.generate(requests)
+        self.tokens += sum(c.completion_tokens for c in out)
+        return out
+
+
+def policy(index, observations):
+    return {agent: 1 for agent in observations}
+
+
+def run(backend, episodes, args, across: bool) -> float:
+    counter = Counting(backend)
+    envs = [deliberation_env.parallel_env(task="arithmetic", backend=counter, max_rounds=args.rounds,
+                                          max_tokens=args.max_tokens, critic_max_tokens=8) for _ in range(episodes)]
+    start = time.perf_counter()
+    if across:
+        run_batched(envs, policy, list(range(episodes)))
+    else:
+        for i, env in enumerate(envs):
+            run_batched([env], policy, [i])
+    return counter.tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--converted-cache-dir", default=tempfile.gettempdir() + "/deliberation_env_converted")
+    args = parser.parse_args()
+    print("config:", vars(args))
+    backend = TransformersBackend(smollm2_gguf_path(), dtype=args.dtype, batch_size=args.batch_size,
+                                  converted_cache_dir=args.converted_cache_dir)
+    a = run(OneAtATime(backend), args.episodes, args, across=False)
+    b = run(backend, args.episodes, args, across=False)
+    c = run(backend, args.episodes, args, across=True)
+    print(f"(a) one request at a time: {a:8.1f} tok/s")
+    print(f"(b) batched within env:    {b:8.1f} tok/s  ({b / a:.2f}x a)")
+    print(f"(c) batched across envs:   {c:8.1f} tok/s  ({c / a:.2f}x a)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = CachedBackend(backend, tmp + "/bench.sqlite")
+        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, max_rounds=args.rounds,
+                                              max_tokens=args.max_tokens, critic_max_tokens=8) for _ in range(args.episodes)]
+        run_batched(envs, policy, list(range(args.episodes)))
+        misses = cache.stats.misses
+        start = time.perf_counter()
+        replays = 0
+        while time.perf_counter() - start < 2.0:
+            run_batched(envs, policy, list(range(args.episodes)))
+            replays += 1
+        elapsed = time.perf_counter() - start
+        assert cache.stats.misses == misses, "replay produced misses"
+        print(f"cache replay (full env episodes, all hits): {cache.stats.hits / elapsed:,.0f} generations/s over {replays} replays")
+
+
+if __name__ == "__main__":
+    main()
