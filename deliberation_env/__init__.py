@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pettingzoo.utils import parallel_to_aec, wrappers
+from pettingzoo.utils import parallel_to_aec
+from pettingzoo.utils import wrappers as pz_wrappers  # not `wrappers`: our submodule of that name would shadow it
 
 from deliberation_env.core.deliberation import Action
 from deliberation_env.env import DeliberationEnv
@@ -30,7 +31,7 @@ def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int
 def env(**kwargs: Any):
     """The same environment, PettingZoo AEC API (``parallel_to_aec`` plus the standard wrappers)."""
     aec = parallel_to_aec(parallel_env(**kwargs))
-    return wrappers.OrderEnforcingWrapper(wrappers.AssertOutOfBoundsWrapper(aec))
+    return pz_wrappers.OrderEnforcingWrapper(pz_wrappers.AssertOutOfBoundsWrapper(aec))
 
 
 def _register_with_pettingzoo() -> None:
