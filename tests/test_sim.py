@@ -93,3 +93,26 @@ def test_sim_config_validation_and_identity():
     with pytest.raises(ValueError, match="sycophancy"):
         SimConfig(sycophancy=2.0)
     assert SimBackend(SimConfig(skills=(0.5,))).identity() != SimBackend().identity()
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "gsm8k"])
+def test_text_form_does_not_give_correctness_away(name, data_dir):
+    """A wrong sim solution has the shape of a right one: the same lines and '=' signs.
+
+    Before this held, a wrong arithmetic answer lost one '=' sign, and the policy could tell
+    right from wrong agents by comparing its own profile row with its peers' (SFT matched the oracle).
+    """
+    import random
+
+    from deliberation_env import TASKS
+    from deliberation_env.core.features import text_profile
+
+    task = TASKS.make(name, **({} if name == "arithmetic" else {"data_dir": str(data_dir)}))
+    compared = 0
+    for problem in list(task.problems("test"))[:100]:
+        right = text_profile(task.render_solution(problem, problem.answer, random.Random(0)))
+        for wrong in task.distractors(problem, random.Random(problem.id)):
+            shape = text_profile(task.render_solution(problem, wrong, random.Random(0)))
+            assert shape[:2] == right[:2], (problem.id, wrong)  # steps, equations
+            compared += 1
+    assert compared > 100

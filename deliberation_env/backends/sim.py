@@ -19,8 +19,8 @@ hash of its id), with ``s_i = skills[i % len(skills)]``:
   its own;
 - critic: confidence ~ (``confidence_right`` or ``confidence_wrong``) + ``overconfidence[i]`` +
   N(0, ``confidence_noise``), clipped: informative, noisy, and over-confident for some agents;
-- text: right agents often say they double-checked, wrong ones often hedge (``check_rate``,
-  ``hedge_rate``), which shows in the reasoning profile;
+- text: right agents often say they double-checked, wrong ones often hedge (``check_rate_*``,
+  ``hedge_rate_*``), which shows in the reasoning profile;
 - tokens: completion lengths drawn around ``solve_tokens`` / ``refine_tokens`` (longer on
   harder problems) and ``critic_tokens``; prompt tokens estimated from the prompt's length.
 """
@@ -57,19 +57,32 @@ class SimConfig:
     follow_wrong: float = 0.5
     """P(a wrong agent that stays wrong adopts a wrong peer's answer)."""
     confidence_right: float = 0.72
+    """Mean critic confidence when the agent's answer is right."""
     confidence_wrong: float = 0.5
+    """Mean critic confidence when it is wrong."""
     confidence_noise: float = 0.14
+    """Standard deviation of the critic's confidence around its mean."""
     overconfidence: tuple[float, ...] = (0.0, 0.08, 0.18)
     """Added to each agent's confidence (cycled): the weakest agent is the most over-confident."""
-    check_rate: float = 0.6
-    hedge_rate: float = 0.5
+    check_rate_right: float = 0.6
+    """P(a right answer's text says it double-checked the work)."""
+    check_rate_wrong: float = 0.2
+    """P(a wrong answer's text says so too)."""
+    hedge_rate_right: float = 0.125
+    """P(a right answer's text hedges ("not sure ...")."""
+    hedge_rate_wrong: float = 0.5
+    """P(a wrong answer's text hedges)."""
     solve_tokens: int = 220
+    """Mean completion tokens of a first solution (scaled by 0.7-1.3 with difficulty)."""
     refine_tokens: int = 260
+    """Mean completion tokens of a revised solution."""
     critic_tokens: int = 12
+    """Mean completion tokens of a critic verdict."""
 
     def __post_init__(self) -> None:
         for name in ("no_answer_rate", "distractor_decay", "sycophancy", "refine_self", "refine_peer_gain",
-                     "follow_wrong", "confidence_right", "confidence_wrong", "check_rate", "hedge_rate"):
+                     "follow_wrong", "confidence_right", "confidence_wrong", "check_rate_right", "check_rate_wrong",
+                     "hedge_rate_right", "hedge_rate_wrong"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"SimConfig.{name} must be in [0, 1], got {value!r}")
@@ -145,9 +158,9 @@ class SimBackend:
             answer = context.own_answer if context.own_answer is not None else self._wrong(context, rng)
         right = answer == problem.answer
         text = context.task.render_solution(problem, answer, rng)
-        if rng.random() < (cfg.check_rate if right else cfg.check_rate / 3):
+        if rng.random() < (cfg.check_rate_right if right else cfg.check_rate_wrong):
             text = "I will work carefully and double-check each step.\n" + text
-        if rng.random() < (cfg.hedge_rate if not right else cfg.hedge_rate / 4):
+        if rng.random() < (cfg.hedge_rate_right if right else cfg.hedge_rate_wrong):
             text = "I'm not sure about this one, but here is my attempt.\n" + text
         mean = cfg.solve_tokens if request.kind == "solve" else cfg.refine_tokens
         tokens = max(16, int(rng.gauss(mean * (0.7 + 0.6 * difficulty), mean * 0.2)))

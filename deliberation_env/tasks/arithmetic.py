@@ -166,12 +166,14 @@ class ArithmeticTask(BaseTask):
         meta = problem.metadata
         lines = [f"Start: {meta['start']} {meta['item']}."]
         value = meta["start"]
+        last = len(meta["steps"])
         for number, (op, x, y, after) in enumerate(meta["steps"], start=1):
             symbol = {"add": f"+ {x}", "remove": f"- {x}", "multiply": f"* {x}", "share": f"/ {x}",
                       "packs": f"+ {x} * {y}"}[op]
-            lines.append(f"Step {number}: {value} {symbol} = {after}.")
+            # A wrong answer is a slip in the last step, written in the same shape as a right one,
+            # so that the text's form (lines, '=' signs) does not give correctness away.
+            shown = answer if number == last else after
+            lines.append(f"Step {number}: {value} {symbol} = {shown}.")
             value = after
-        if answer != problem.answer:  # a slip: the last line shows the wrong value
-            lines[-1] = f"Step {len(meta['steps'])}: the total comes to {answer}."
         lines.append(f"The answer is {answer}.")
         return "\n".join(lines)

@@ -35,6 +35,7 @@ PROMPTS = Prompts(
     ),
 )
 
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _CALCULATOR_RE = re.compile(r"<<[^<>\n]{0,200}>>")
 _RESULT_RE = re.compile(r"<<[^<>\n=]{0,200}=([^<>\n=]{1,50})>>")
 
@@ -77,11 +78,20 @@ class GSM8KTask(NumericTask):
         return [r for r in reversed(results) if r is not None]
 
     def rationale(self, problem: Problem, answer: str, rng: random.Random) -> list[str]:
-        """The gold worked solution without calculator marks; a wrong answer replaces its last step."""
+        """The gold worked solution without calculator marks; a wrong answer is a slip in its last step.
+
+        The slip replaces the last number of the last line, so a wrong solution has the same
+        shape (lines, '=' signs) as the right one and its form does not give correctness away.
+        """
         body = problem.metadata["solution"].rsplit("####", 1)[0]
         lines = [line.strip() for line in _CALCULATOR_RE.sub("", body).splitlines() if line.strip()]
         if answer != problem.answer and lines:
-            lines[-1] = rng.choice(("Putting it together, the total comes to {a}.", "So the result is {a}.")).format(
-                a=answer
-            )
+            numbers = list(_NUMBER_RE.finditer(lines[-1]))
+            if numbers:
+                last = numbers[-1]
+                lines[-1] = lines[-1][: last.start()] + answer + lines[-1][last.end() :]
+            else:
+                lines[-1] = rng.choice(("Putting it together, the total comes to {a}.", "So the result is {a}.")).format(
+                    a=answer
+                )
         return lines
