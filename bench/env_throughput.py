@@ -11,17 +11,22 @@ and their ratio (ours / rps_v2).
 from __future__ import annotations
 
 import argparse
+import random
 import time
 
-import numpy as np
 from pettingzoo.classic import rps_v2
 
 import deliberation_env
 
 
 def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
-    """Run whole episodes with random legal actions for about ``seconds``; return (rounds/s, rounds)."""
-    rng = np.random.default_rng(seed)
+    """Run whole episodes with random legal actions for about ``seconds``; return (rounds/s, rounds).
+
+    Both envs get the same sampler, a Python ``random.choice`` over the legal actions (all of
+    them when the observation has no action mask), so the harness costs them alike.
+    """
+    rng = random.Random(seed)
+    all_actions = {agent: list(range(env.action_space(agent).n)) for agent in env.possible_agents}
     rounds, episode = 0, 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -32,9 +37,10 @@ def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
             for agent in env.agents:
                 obs = observations[agent]
                 if isinstance(obs, dict) and "action_mask" in obs:
-                    actions[agent] = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+                    legal = [a for a, allowed in enumerate(obs["action_mask"].tolist()) if allowed]
                 else:
-                    actions[agent] = int(rng.integers(env.action_space(agent).n))
+                    legal = all_actions[agent]
+                actions[agent] = rng.choice(legal)
             observations, *_ = env.step(actions)
             rounds += 1
     return rounds / (time.perf_counter() - start), rounds

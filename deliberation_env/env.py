@@ -115,7 +115,8 @@ class DeliberationEnv(ParallelEnv):
         self.observation_spaces = {agent: space for agent in self.possible_agents}
         self.action_spaces = {agent: gymnasium.spaces.Discrete(len(Action)) for agent in self.possible_agents}
         self.deliberation = Deliberation(self.task, self.config)
-        self._peer_rows = [np.array(self.deliberation.peer_indices(i), dtype=np.intp) for i in range(num_agents)]
+        self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]
+        self._peer_matrix = np.array(self._peers, dtype=np.intp).reshape(num_agents, num_agents - 1)
         self.np_random, self.np_random_seed = seeding.np_random(None)
         self._last: RoundOutcome | None = None
         self._last_actions: list[Action | None] = [None] * num_agents
@@ -282,18 +283,19 @@ class DeliberationEnv(ParallelEnv):
         return chosen
 
     def _observations(self) -> dict[str, dict[str, np.ndarray]]:
-        rows = self.deliberation.feature_matrix()
-        answers = [a.answer for a in self.deliberation.agents]
+        core = self.deliberation
+        rows = core.feature_matrix()
+        peer_rows = rows[self._peer_matrix]  # (N, N-1, F): one gather for all agents, fresh each step
+        answers = [a.answer for a in core.agents]
         observations = {}
         for agent in self.agents:
             i = self._index[agent]
-            peers = self._peer_rows[i]
             own = answers[i]
             observations[agent] = {
-                "self": rows[i].copy(),
-                "peers": rows[peers],
-                "agreement": np.array([own is not None and answers[j] == own for j in peers], dtype=np.float32),
-                "action_mask": self.deliberation.action_mask(i),
+                "self": rows[i],
+                "peers": peer_rows[i],
+                "agreement": np.array([own is not None and answers[j] == own for j in self._peers[i]], dtype=np.float32),
+                "action_mask": core.action_mask(i),
             }
         return observations
 

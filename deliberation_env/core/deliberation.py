@@ -187,6 +187,8 @@ class Deliberation:
         self._starting = False
         self._derived: dict[str, object] = {}
         self._parsed: dict[str, tuple[str | None, tuple[float, ...]]] = {}
+        count = config.num_agents
+        self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
 
     # ----------------------------------------------------------------- phases
     def start(self, problem: Problem, seed: int) -> None:
@@ -342,13 +344,12 @@ class Deliberation:
 
     def peer_indices(self, agent: int) -> list[int]:
         """Peers in a fixed order relative to ``agent``: agent+1, agent+2, ... (cyclic)."""
-        count = self.config.num_agents
-        return [(agent + offset) % count for offset in range(1, count)]
+        return list(self._peers[agent])
 
     # ------------------------------------------------------------ internals
     def _context(self, agent: int) -> SimContext:
         assert self.problem is not None
-        peers = self.peer_indices(agent)
+        peers = self._peers[agent]
         return SimContext(
             task=self.task,
             problem=self.problem,

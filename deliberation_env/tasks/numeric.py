@@ -37,6 +37,9 @@ def normalize_number(text: str) -> str | None:
     cleaned = cleaned.replace(" ", "").rstrip("%").lstrip("+")
     if not cleaned or len(cleaned) > MAX_DIGITS:
         return None
+    digits = cleaned[1:] if cleaned[0] == "-" else cleaned
+    if digits.isascii() and digits.isdigit():  # a plain integer: the common case, without Fraction's parser
+        return str(int(cleaned))
     try:
         value = Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
