@@ -1,6 +1,6 @@
 """Reward-scale sensitivity: SoftRankPO, GRPO and PPO trained with rewards x 0.1, 1 and 10.
 
-    python bench/reward_scale.py --seeds 0 1 --episodes 3000 --problems 200
+    python bench/reward_scale.py --seeds 0 1 2 --episodes 3000 --problems 200
 
 Every run starts from scratch (no SFT stage, so the RL update alone decides the outcome), with
 the same seed and budget per algorithm; only ``--reward-scale`` differs. GRPO is run with its
@@ -46,7 +46,7 @@ def run_one(job: tuple[str, float, int, int, int, str]) -> tuple[str, float, int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--problems", type=int, default=200)
     parser.add_argument("--runs", default="runs/bench_reward_scale")
