@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pettingzoo.test import api_test, parallel_api_test
+from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
 
 import deliberation_env
 from deliberation_env import Action
@@ -46,6 +46,11 @@ def test_readme_quick_start_loop():
 
 def test_parallel_api_test():
     parallel_api_test(deliberation_env.parallel_env(invalid_action="persist"), num_cycles=50)
+
+
+def test_parallel_seed_test():
+    """PettingZoo's own check (it compares the first step only; multi-step determinism is tested below)."""
+    parallel_seed_test(lambda: deliberation_env.parallel_env(max_rounds=4), num_cycles=20)
 
 
 def test_aec_api_test():
