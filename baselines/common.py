@@ -208,6 +208,11 @@ def save_checkpoint(path: str, policy: Policy, algo: str, config: Mapping[str, A
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
+    """The raw dict written by ``save_checkpoint``; a clear error for a missing or foreign file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"checkpoint {path!r} does not exist; train one first, e.g. "
+            f"`python -m baselines.train --algo softrankpo --out {os.path.dirname(path) or '.'}` (it writes policy.pt there)")
     data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a baselines checkpoint (format {CHECKPOINT_FORMAT})")

@@ -61,6 +61,15 @@ def test_checkpoint_round_trip_gives_same_logits(tmp_path):
     assert set(loaded.act(obs)) == set(env.agents)
 
 
+def test_missing_or_foreign_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"does not exist; train one first.*baselines.train"):
+        load_policy(str(tmp_path / "nowhere" / "policy.pt"))
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(ValueError, match="is not a baselines checkpoint"):
+        load_policy(str(foreign))
+
+
 def test_softrankpo_reward_scale_invariance(tmp_path):
     args = ["--algo", "softrankpo", *TINY, *GROUP, "--episodes", "48", "--sft-episodes", "16", "--sft-epochs", "2",
             "--seed", "3"]
