@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 from collections import Counter
 
 import numpy as np
+from _results import RESULTS, command_line, pyplot, save_markdown
 
 import deliberation_env
 from baselines.common import load_policy
@@ -24,7 +23,6 @@ from baselines.evaluate import PolicyActor
 from baselines.protocols import make_protocol
 from baselines.softrankpo import SoftRankPOConfig, train
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NAMES = ("PERSIST", "REFINE", "CONCEDE")
 
 
@@ -54,7 +52,7 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=200)
     parser.add_argument("--run", default=None, help="existing SoftRankPO run directory (skips training)")
     args = parser.parse_args()
-    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    print("command:", command_line())
     run = args.run or f"runs/bench_action_shift/seed{args.seed}"
     if args.run is None:
         train(SoftRankPOConfig(seed=args.seed, out=run, progress=False, tensorboard=False))
@@ -70,14 +68,8 @@ def main() -> None:
             lines.append(f"| {name} |  | {t + 1} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
     table = "\n".join(lines)
     header = f"Greedy meta-actions on {args.problems} test problems x eval seeds 0 1 (training seed {args.seed})"
-    print(f"\n{header}:\n{table}")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "action_shift.md"), "w", encoding="utf-8") as f:
-        f.write(f"{header}\n\n{table}\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    save_markdown("action_shift", header, table)
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     width = 0.8 / len(overall)

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+
+from _results import RESULTS, command_line
 
 from baselines.evaluate import PolicyActor, play, plot_accuracy_vs_tokens, plot_learning_curves, save_table, summarize
 from baselines.protocols import PROTOCOLS, make_protocol
 from baselines.softrankpo import SoftRankPOConfig, train
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def train_seed(args: tuple[int, str, int, bool]) -> str:
@@ -41,7 +39,7 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/bench_learned")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    print("command:", command_line())
     import deliberation_env
     from baselines.common import load_policy
 

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+from _results import RESULTS, command_line, pyplot, save_markdown
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALES = (0.1, 1.0, 10.0)
 VARIANTS = {
     "softrankpo": ("softrankpo", {"sft_episodes": 0}),
@@ -52,7 +50,7 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/bench_reward_scale")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    print("command:", command_line())
     start = time.time()
     jobs = [(v, s, seed, args.episodes, args.problems, args.runs) for v in VARIANTS for s in SCALES for seed in args.seeds]
     with ProcessPoolExecutor(args.workers) as pool:
@@ -65,14 +63,9 @@ def main() -> None:
     table = "\n".join(lines)
     header = (f"Test accuracy (greedy, {args.problems} test problems, seeds {args.seeds}, {args.episodes} training "
               f"episodes from scratch)")
-    print(f"\n{header}:\n{table}\n(total {time.time() - start:.0f}s)")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "reward_scale.md"), "w", encoding="utf-8") as f:
-        f.write(f"{header}\n\n{table}\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    save_markdown("reward_scale", header, table)
+    print(f"(total {time.time() - start:.0f}s)")
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in VARIANTS:

@@ -18,20 +18,16 @@ like-for-like comparison of the machinery is row 1 vs row 2. Saves bench/results
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
-import sys
 import time
 
 import numpy as np
+from _results import command_line, save_markdown
 
 import deliberation_env
 from baselines.common import Policy, agent_layout, seed_everything
 from baselines.logger import read_metrics
 from baselines.rollout import EpisodeSpec, collect
 from baselines.softrankpo import SoftRankPOConfig, train
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 class Counter:
@@ -91,7 +87,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--num-envs", type=int, default=32)
     args = parser.parse_args()
-    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    print("command:", command_line())
     rates = {"bare env, random legal actions": bare(args.episodes),
              "collect(), random legal actions (same action mix as bare)": collection_only(args.episodes, args.num_envs, False),
              "collect(), untrained policy network": collection_only(args.episodes, args.num_envs, True),
@@ -101,10 +97,7 @@ def main() -> None:
     lines += [f"| {name} | {rate:.0f} | {base / rate:.2f} | {refine:.2f} |" for name, (rate, refine) in rates.items()]
     table = "\n".join(lines)
     header = f"{args.episodes} episodes each, num_envs={args.num_envs}, torch threads 1, seed 0"
-    print(f"\n{header}:\n{table}")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "train_throughput.md"), "w", encoding="utf-8") as f:
-        f.write(f"{header}\n\n{table}\n")
+    save_markdown("train_throughput", header, table)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from deliberation_env.tasks.base import BaseTask, Problem, Prompts
+from deliberation_env.tasks.base import VERDICT_CRITIC, BaseTask, Problem, Prompts
 from deliberation_env.tasks.numeric import extract_number, numbers_equal
 
 NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Iris", "Jonas")
@@ -32,10 +32,7 @@ PROMPTS = Prompts(
         "Re-examine the problem using their reasoning where it helps. Solve it again step by step "
         "and end with a line 'The answer is N'."
     ),
-    critic=(
-        "Problem: {question}\n\nProposed solution:\n{solution}\n\n"
-        "Is the final answer correct? Reply 'Yes' or 'No', then 'Confidence: p' with p between 0 and 1."
-    ),
+    critic=VERDICT_CRITIC,
 )
 
 SPLITS = {"train": (0, 2000), "test": (1, 500)}

@@ -56,6 +56,18 @@ class Prompts:
     peer: str = "Agent {index} answered {answer}. Their reasoning: {rationale}"
 
 
+# Pieces the tasks' prompts share (each task file still spells out its own Prompts).
+VERDICT_CRITIC = (
+    "Problem: {question}\n\nProposed solution:\n{solution}\n\n"
+    "Is the final answer correct? Reply 'Yes' or 'No', then 'Confidence: p' with p between 0 and 1."
+)
+REFINE_PREAMBLE = (
+    "Problem: {question}\n\nYour previous solution:\n{own_solution}\n\n"
+    "Other agents' answers:\n{peer_solutions}\n\n"
+    "Re-examine the problem, using their reasoning where it helps. Solve it again step by step "
+)
+
+
 @dataclass(frozen=True)
 class PeerView:
     """What a refining agent sees of one peer: its answer and a short rationale."""

@@ -15,20 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from deliberation_env.tasks.base import Problem, Prompts
+from deliberation_env.tasks.base import REFINE_PREAMBLE, VERDICT_CRITIC, Problem, Prompts
 from deliberation_env.tasks.dataset import NumericTask, Source
 from deliberation_env.tasks.numeric import normalize_number
 
-_REFINE = (
-    "Problem: {question}\n\nYour previous solution:\n{own_solution}\n\n"
-    "Other agents' answers:\n{peer_solutions}\n\n"
-    "Re-examine the problem, using their reasoning where it helps. Solve it again step by step "
-    "and put the final answer in \\boxed{{}}."
-)
-_CRITIC = (
-    "Problem: {question}\n\nProposed solution:\n{solution}\n\n"
-    "Is the final answer correct? Reply 'Yes' or 'No', then 'Confidence: p' with p between 0 and 1."
-)
+_REFINE = REFINE_PREAMBLE + "and put the final answer in \\boxed{{}}."
 _PROBLEM_NUMBER_RE = re.compile(r"Problem_(\d{1,2})\b")
 
 
@@ -74,7 +65,7 @@ class AIME24Task(CompetitionTask):
             "step and put the final answer in \\boxed{{}}.\n\nProblem: {question}"
         ),
         refine=_REFINE + " The answer is an integer from 0 to 999.",
-        critic=_CRITIC,
+        critic=VERDICT_CRITIC,
     )
 
 
@@ -91,5 +82,5 @@ class AMC23Task(CompetitionTask):
             "answer in \\boxed{{}}.\n\nProblem: {question}"
         ),
         refine=_REFINE,
-        critic=_CRITIC,
+        critic=VERDICT_CRITIC,
     )

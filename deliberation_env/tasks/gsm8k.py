@@ -13,7 +13,7 @@ import random
 import re
 from typing import Any
 
-from deliberation_env.tasks.base import Problem, Prompts
+from deliberation_env.tasks.base import REFINE_PREAMBLE, VERDICT_CRITIC, Problem, Prompts
 from deliberation_env.tasks.dataset import NumericTask, Source
 from deliberation_env.tasks.numeric import normalize_number
 
@@ -23,16 +23,8 @@ PROMPTS = Prompts(
         "Solve the math word problem step by step. End with a line 'The answer is N' where N is "
         "the final number, without units.\n\nProblem: {question}"
     ),
-    refine=(
-        "Problem: {question}\n\nYour previous solution:\n{own_solution}\n\n"
-        "Other agents' answers:\n{peer_solutions}\n\n"
-        "Re-examine the problem, using their reasoning where it helps. Solve it again step by step "
-        "and end with a line 'The answer is N'."
-    ),
-    critic=(
-        "Problem: {question}\n\nProposed solution:\n{solution}\n\n"
-        "Is the final answer correct? Reply 'Yes' or 'No', then 'Confidence: p' with p between 0 and 1."
-    ),
+    refine=REFINE_PREAMBLE + "and end with a line 'The answer is N'.",
+    critic=VERDICT_CRITIC,
 )
 
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")

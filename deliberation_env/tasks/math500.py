@@ -15,7 +15,7 @@ import random
 import re
 from typing import Any
 
-from deliberation_env.tasks.base import Problem, Prompts
+from deliberation_env.tasks.base import REFINE_PREAMBLE, VERDICT_CRITIC, Problem, Prompts
 from deliberation_env.tasks.dataset import NO_ANSWER_TEXTS, DatasetTask, Source
 from deliberation_env.tasks.extract import after_answer_marker, first_sentence, last_boxed
 from deliberation_env.tasks.latex import latex_equal, normalize_latex
@@ -26,16 +26,8 @@ PROMPTS = Prompts(
         "Solve the following math problem step by step. Put your final answer within \\boxed{{}}, "
         "in simplest form.\n\nProblem: {question}"
     ),
-    refine=(
-        "Problem: {question}\n\nYour previous solution:\n{own_solution}\n\n"
-        "Other agents' answers:\n{peer_solutions}\n\n"
-        "Re-examine the problem, using their reasoning where it helps. Solve it again step by step "
-        "and put your final answer within \\boxed{{}}."
-    ),
-    critic=(
-        "Problem: {question}\n\nProposed solution:\n{solution}\n\n"
-        "Is the final answer correct? Reply 'Yes' or 'No', then 'Confidence: p' with p between 0 and 1."
-    ),
+    refine=REFINE_PREAMBLE + "and put your final answer within \\boxed{{}}.",
+    critic=VERDICT_CRITIC,
 )
 
 _INTEGER_RE = re.compile(r"\d{1,30}")

@@ -1,0 +1,35 @@
+"""What the bench scripts share: the results folder, the command that reproduces a run, saving a
+Markdown table there, and a headless pyplot."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def command_line() -> str:
+    """The command that started this script, ready to paste."""
+    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def save_markdown(stem: str, header: str, table: str) -> str:
+    """Print ``header`` and ``table`` and write them, with the command line, to ``results/<stem>.md``."""
+    print(f"\n{header}:\n{table}")
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{stem}.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{header}\n\n`{command_line()}`\n\n{table}\n")
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
