@@ -141,11 +141,18 @@ def save_table(rows: Sequence[dict[str, Any]], out: str, stem: str = "table") ->
     return text
 
 
-def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: str = "accuracy vs tokens") -> str:
+def headless_pyplot():
+    """matplotlib.pyplot on the Agg backend, so plots save without a display."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: str = "accuracy vs tokens") -> str:
+    plt = headless_pyplot()
 
     key = "score" if all(np.isnan(r["accuracy"]) for r in rows) else "accuracy"
     fig, ax = plt.subplots(figsize=(6, 4.2))
@@ -165,10 +172,7 @@ def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: st
 def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accuracy", smooth: int = 10) -> str:
     """One curve per run directory / metrics.jsonl: ``metric`` (falls back to episode_return) vs episodes,
     as a running mean over ``smooth`` batches (the raw values faint behind it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for name, source in runs.items():

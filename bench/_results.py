@@ -1,5 +1,5 @@
 """What the bench scripts share: the results folder, the command that reproduces a run, saving a
-Markdown table there, and a headless pyplot."""
+Markdown table there."""
 
 from __future__ import annotations
 
@@ -24,12 +24,3 @@ def save_markdown(stem: str, header: str, table: str) -> str:
         f.write(f"{header}\n\n`{command_line()}`\n\n{table}\n")
     return path
 
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -15,11 +15,11 @@ import os
 from collections import Counter
 
 import numpy as np
-from _results import RESULTS, command_line, pyplot, save_markdown
+from _results import RESULTS, command_line, save_markdown
 
 import deliberation_env
 from baselines.common import load_policy
-from baselines.evaluate import PolicyActor
+from baselines.evaluate import PolicyActor, headless_pyplot
 from baselines.protocols import make_protocol
 from baselines.softrankpo import SoftRankPOConfig, train
 
@@ -69,7 +69,7 @@ def main() -> None:
     table = "\n".join(lines)
     header = f"Greedy meta-actions on {args.problems} test problems x eval seeds 0 1 (training seed {args.seed})"
     save_markdown("action_shift", header, table)
-    plt = pyplot()
+    plt = headless_pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     width = 0.8 / len(overall)

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from _results import RESULTS, command_line, pyplot, save_markdown
+from _results import RESULTS, command_line, save_markdown
 
 SCALES = (0.1, 1.0, 10.0)
 VARIANTS = {
@@ -65,7 +65,9 @@ def main() -> None:
               f"episodes from scratch)")
     save_markdown("reward_scale", header, table)
     print(f"(total {time.time() - start:.0f}s)")
-    plt = pyplot()
+    from baselines.evaluate import headless_pyplot
+
+    plt = headless_pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in VARIANTS:
