@@ -82,9 +82,7 @@ class DeliberationEnv(ParallelEnv):
     ):
         unknown = sorted(set(options) - _ENV_OPTIONS)
         if unknown:
-            raise TypeError(
-                f"unknown option(s) {unknown}; accepted: {sorted(_ENV_OPTIONS | {'invalid_action', 'task_kwargs', 'backend_kwargs', 'cache'})}"
-            )
+            raise TypeError(f"unknown option(s) {unknown}; accepted: {', '.join(accepted_options())}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         if invalid_action not in INVALID_ACTION_MODES:
@@ -175,6 +173,7 @@ class DeliberationEnv(ParallelEnv):
     # The phased form of reset/step: a batching runner gathers pending_requests() of many envs,
     # answers them in one backend call, hands each env its completions, then ends the step.
     def begin_reset(self, problem: Problem, episode_seed: int) -> None:
+        self.agents = []  # until end_reset: a reset that fails leaves no live agents of the old episode
         self.deliberation.start(problem, episode_seed)
         self._last, self._last_actions = None, [None] * self.config.num_agents
 
@@ -250,6 +249,10 @@ class DeliberationEnv(ParallelEnv):
         return self.problems[int(self.np_random.integers(len(self.problems)))]
 
     def _validate(self, actions: Mapping[str, Any]) -> list[Action]:
+        if self.deliberation.pending_requests():
+            raise RuntimeError(
+                "the last reset() or step() was interrupted (e.g. by a BackendError) before its completions arrived; "
+                "call env.reset() to start a new episode")
         if not self.agents:
             if self.deliberation.problem is None:
                 raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
@@ -345,6 +348,15 @@ class DeliberationEnv(ParallelEnv):
         consensus = core.consensus()
         lines.append(f"  consensus: {consensus} ({'right' if core.grade(consensus) else 'wrong'}; gold {core.problem.answer})")
         return "\n".join(lines)
+
+
+def accepted_options() -> list[str]:
+    """Every keyword ``DeliberationEnv`` / ``parallel_env`` accepts (for error messages and docs)."""
+    import inspect
+
+    named = [name for name, p in inspect.signature(DeliberationEnv.__init__).parameters.items()
+             if name != "self" and p.kind is not p.VAR_KEYWORD]
+    return named + sorted(_ENV_OPTIONS)
 
 
 def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:

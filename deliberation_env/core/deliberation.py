@@ -11,16 +11,20 @@ that many deliberations can batch their requests into one backend call::
 
 Round 0 (``start``): every agent solves the problem, then a critic call gives each agent
 its introspective confidence. Each later round: PERSIST keeps the state; CONCEDE adopts the
-answer (and text) of the concede target at once; REFINE generates a revised solution that
-sees the peers' answers and short rationales as they were at the start of the round; every
-agent whose answer or text changed is re-introspected.
+answer, text, profile and correctness that the concede target held at the start of the round;
+REFINE generates a revised solution that sees the peers' answers and short rationales as they
+were at the start of the round; every agent whose answer or text changed is re-introspected.
+All of a round's meta-actions act on that round-start snapshot, so the outcome does not depend
+on the order of the agents (a mutual CONCEDE swaps the two answers).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from math import exp
 
@@ -31,6 +35,8 @@ from deliberation_env.core import features
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, check_weights, reward_components, total_reward
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
+
+log = logging.getLogger(__name__)
 
 
 class Action(IntEnum):
@@ -134,22 +140,19 @@ _VERDICT = re.compile(r"(?i)^\W*(yes|no)\b")
 
 
 def parse_confidence(completion: Completion) -> tuple[float, str]:
-    """Confidence from a critic completion, and its source.
+    """Confidence in [0, 1] from a critic completion, and its source.
 
     ``logprobs``: P(yes) / (P(yes) + P(no)) from the first token's log-probabilities;
     ``verbalized``: the number the critic wrote; ``verdict``: a bare Yes (0.75) or No (0.25);
-    ``default``: 0.5 when the critic wrote nothing usable.
+    ``default``: 0.5 when the critic wrote nothing usable. Log-probabilities that are not
+    finite numbers <= 0 (a server's garbage) are ignored, so the result is always in [0, 1].
     """
-    if completion.top_logprobs:
-        yes = no = 0.0
-        for token, logprob in completion.top_logprobs.items():
-            word = token.strip().lower()
-            if word == "yes":
-                yes += exp(logprob)
-            elif word == "no":
-                no += exp(logprob)
-        if yes + no > 0:
-            return yes / (yes + no), "logprobs"
+    yes, no = _yes_no_logprobs(completion.top_logprobs)
+    if yes is not None or no is not None:
+        top = max(v for v in (yes, no) if v is not None)  # normalise in log space: no overflow, no 0/0
+        p_yes = exp(yes - top) if yes is not None else 0.0
+        p_no = exp(no - top) if no is not None else 0.0
+        return p_yes / (p_yes + p_no), "logprobs"
     text = completion.text
     match = _CONFIDENCE.search(text)
     if match:
@@ -165,6 +168,55 @@ def parse_confidence(completion: Completion) -> tuple[float, str]:
     if match:
         return (0.75 if match.group(1).lower() == "yes" else 0.25), "verdict"
     return 0.5, "default"
+
+
+def _yes_no_logprobs(top_logprobs: object) -> tuple[float | None, float | None]:
+    """log P("yes") and log P("no") summed over their spellings, or None where absent."""
+    if not isinstance(top_logprobs, Mapping):
+        return None, None
+    found: dict[str, list[float]] = {"yes": [], "no": []}
+    for token, logprob in top_logprobs.items():
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            continue
+        word = token.strip().lower()
+        if word in found and math.isfinite(logprob):
+            found[word].append(min(float(logprob), 0.0))
+    return tuple(_logsumexp(found[word]) for word in ("yes", "no"))  # type: ignore[return-value]
+
+
+def _logsumexp(values: list[float]) -> float | None:
+    if not values:
+        return None
+    top = max(values)
+    return top + math.log(sum(exp(v - top) for v in values))
+
+
+def sanitize_completion(completion: object) -> Completion:
+    """A backend's answer made safe for the core: text a str, token counts ints in [0, 10^9].
+
+    The env must never crash, nor leave its observation space, on what a model or server sends:
+    a non-string text becomes "" (no answer), unusable token counts become 0, out-of-range ones
+    are clipped, and ``top_logprobs`` is kept only when it is a mapping (``parse_confidence``
+    filters its entries).
+    """
+    if (type(completion) is Completion and type(completion.text) is str
+            and type(completion.prompt_tokens) is int and 0 <= completion.prompt_tokens <= _MAX_TOKENS
+            and type(completion.completion_tokens) is int and 0 <= completion.completion_tokens <= _MAX_TOKENS):
+        return completion  # the common case, kept fast
+    text = getattr(completion, "text", "")
+    counts = [_token_count(getattr(completion, name, 0)) for name in ("prompt_tokens", "completion_tokens")]
+    top = getattr(completion, "top_logprobs", None)
+    return Completion(text if isinstance(text, str) else "", counts[0], counts[1],
+                      top if isinstance(top, Mapping) else None, str(getattr(completion, "finish_reason", "stop")))
+
+
+def _token_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return 0
+    return int(min(max(value, 0), _MAX_TOKENS)) if math.isfinite(value) else 0
+
+
+_MAX_TOKENS = 10**9
 
 
 class Deliberation:
@@ -185,6 +237,7 @@ class Deliberation:
         self._grades: dict[str | None, bool] = {}
         self._all_persist = False
         self._starting = False
+        self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
         self._parsed: dict[str, tuple[str | None, tuple[float, ...]]] = {}
         count = config.num_agents
@@ -204,12 +257,16 @@ class Deliberation:
         self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
 
     def begin_round(self, actions: Sequence[Action]) -> None:
-        """Apply one meta-action per agent (already validated and legal)."""
-        if self.phase is not Phase.IDLE or self.done:
-            raise RuntimeError("begin_round() needs a finished, not yet terminated round")
+        """Apply one meta-action per agent (already validated and legal), all on the round-start state."""
+        if self.phase is not Phase.IDLE:
+            raise RuntimeError(
+                f"a round is still in progress (phase {self.phase.value}): the previous reset() or step() was "
+                "interrupted before its completions arrived; call reset() to start a new episode")
+        if self.done:
+            raise RuntimeError("begin_round() after the episode ended; call reset() to start a new one")
         assert self.problem is not None
         self._correct_before = tuple(agent.correct for agent in self.agents)
-        snapshot = [(agent.answer, agent.text) for agent in self.agents]
+        snapshot = [replace(agent) for agent in self.agents]
         targets = [self.concede_target(i) for i in range(len(self.agents))]
         jobs = []
         self._changed = []
@@ -217,11 +274,12 @@ class Deliberation:
         for i, (agent, action) in enumerate(zip(self.agents, actions)):
             agent.last_action, agent.step_tokens = Action(action), 0
             if action == Action.REFINE:
-                peers = [PeerView(snapshot[j][0], short_rationale(snapshot[j][1])) for j in self.peer_indices(i)]
+                peers = [PeerView(snapshot[j].answer, short_rationale(snapshot[j].text)) for j in self.peer_indices(i)]
                 jobs.append((i, self.task.refine_messages(self.problem, agent.text, peers), "refine"))
                 agent.refinements += 1
-            elif action == Action.CONCEDE:
-                self._concede(i, targets[i])
+            elif action == Action.CONCEDE and targets[i] is not None:  # a masked CONCEDE: the adapter decides
+                self._concede(i, snapshot[targets[i]])
+        self._round_start = snapshot
         self._all_persist = all(action == Action.PERSIST for action in actions)
         if jobs:
             self._request_generation(jobs)
@@ -237,6 +295,7 @@ class Deliberation:
         if len(completions) != len(self._pending):
             raise ValueError(f"expected {len(self._pending)} completions, got {len(completions)}")
         requests, self._pending = self._pending, []
+        completions = [sanitize_completion(completion) for completion in completions]
         self._derived = {}
         if self.phase is Phase.GENERATE:
             for request, completion in zip(requests, completions):
@@ -291,7 +350,11 @@ class Deliberation:
         """Grade an answer once per episode (graders may run code)."""
         if answer not in self._grades:
             assert self.problem is not None
-            self._grades[answer] = answer is not None and bool(self.task.grade(self.problem, answer))
+            try:
+                self._grades[answer] = answer is not None and bool(self.task.grade(self.problem, answer))
+            except Exception as error:  # a grader must not crash the env on odd model output: a wrong answer
+                log.warning("grader of task %r raised %r on answer %r; graded as wrong", self.task.name, error, answer)
+                self._grades[answer] = False
         return self._grades[answer]
 
     def concede_target(self, agent: int) -> int | None:
@@ -347,34 +410,43 @@ class Deliberation:
         return list(self._peers[agent])
 
     # ------------------------------------------------------------ internals
-    def _context(self, agent: int) -> SimContext:
+    def _context(self, agent: int, peer_states: Sequence[AgentState] | None = None) -> SimContext:
+        """The sim's view of a request: the agent's state now, its peers as ``peer_states`` show them."""
         assert self.problem is not None
         peers = self._peers[agent]
+        peer_states = self.agents if peer_states is None else peer_states
         return SimContext(
             task=self.task,
             problem=self.problem,
             own_answer=self.agents[agent].answer,
             own_correct=self.agents[agent].correct,
-            peer_answers=tuple(self.agents[j].answer for j in peers),
-            peer_correct=tuple(self.agents[j].correct for j in peers),
+            peer_answers=tuple(peer_states[j].answer for j in peers),
+            peer_correct=tuple(peer_states[j].correct for j in peers),
         )
 
-    def _request(self, agent: int, messages, kind: str) -> Request:
+    @property
+    def request_round(self) -> int:
+        """The round the pending requests belong to: 0 while starting, else the round being played."""
+        return self.round if self._starting else self.round + 1
+
+    def _request(self, agent: int, messages, kind: str, peer_states: Sequence[AgentState] | None = None) -> Request:
         critic = kind == "critic"
         config = self.config
         return Request(
             messages=messages,
             kind=kind,  # type: ignore[arg-type]
             agent=agent,
-            seed=mix_seed(self._seed, self.round, agent, _KIND_IDS[kind]),
+            seed=mix_seed(self._seed, self.request_round, agent, _KIND_IDS[kind]),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
             temperature=config.critic_temperature if critic else config.temperature,
             logprobs=critic,
-            context=self._context(agent),
+            context=self._context(agent, peer_states),
         )
 
     def _request_generation(self, jobs) -> None:
-        self._pending = [self._request(agent, messages, kind) for agent, messages, kind in jobs]
+        # A refine sees its peers as they were at the start of the round, as its prompt shows them.
+        peers = None if self._starting else self._round_start
+        self._pending = [self._request(agent, messages, kind, peers) for agent, messages, kind in jobs]
         self._changed = sorted(set(self._changed) | {agent for agent, _, _ in jobs})
         self.phase = Phase.GENERATE
 
@@ -405,14 +477,12 @@ class Deliberation:
             length,
             *text_features[1:],
             agent.refinements / self.config.max_rounds,
-            1.0 if changed and self.round > 0 else 0.0,
+            1.0 if changed and not self._starting else 0.0,
         )
         self._spend(agent, completion)
 
-    def _concede(self, index: int, target: int | None) -> None:
-        if target is None:  # masked; the adapter decides whether that is an error
-            return
-        agent, source = self.agents[index], self.agents[target]
+    def _concede(self, index: int, source: AgentState) -> None:
+        agent = self.agents[index]
         changed = source.answer != agent.answer
         agent.text, agent.answer, agent.correct = source.text, source.answer, source.correct
         agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))

@@ -14,6 +14,7 @@ The reward is ``sum(weight[name] * component(name))``. Register more with ``REWA
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -56,11 +57,16 @@ DEFAULT_REWARD_WEIGHTS: dict[str, float] = {"local": 1.0, "global": 1.0, "team":
 
 
 def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    """Default weights updated by ``weights``; unknown names are an error."""
+    """Default weights updated by ``weights``; unknown names and non-finite values are errors."""
     unknown = sorted(set(weights) - set(REWARD_COMPONENTS))
     if unknown:
         raise ValueError(f"unknown reward components {unknown}; known: {sorted(REWARD_COMPONENTS)}")
-    merged = {**DEFAULT_REWARD_WEIGHTS, **{name: float(value) for name, value in weights.items()}}
+    merged = dict(DEFAULT_REWARD_WEIGHTS)
+    for name, value in weights.items():
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+        if not math.isfinite(number):
+            raise ValueError(f"reward_weights[{name!r}] must be a finite number, got {value!r}")
+        merged[name] = number
     return merged
 
 
