@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-DATA_DIR = Path(os.environ.get("DELIBERATION_ENV_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+DATA_DIR = Path(os.environ.get("DELIBERATION_ENV_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
+# Absolute, so that subprocesses started in other folders (the examples' tests) find the data too.
+os.environ["DELIBERATION_ENV_DATA"] = str(DATA_DIR)
 
 
 @pytest.fixture(scope="session")

