@@ -2,8 +2,13 @@
 
 Needs no data and no network. Each problem starts from a quantity and applies
 ``level + 1`` operations (add, remove, multiply, share equally, buy packs); the answer is
-an integer. Levels 1-5 set the number of steps and the size of the numbers. A split is a
-fixed, seeded list: ``train`` (2,000 problems) and ``test`` (500), with levels drawn uniformly.
+an integer. Levels 1-5 set the number of steps and the size of the numbers. Level 0 is one
+operation (add, remove, multiply or share) on small numbers, for small real models; it is not
+in the default ``levels``. A split is a fixed, seeded list: ``train`` (2,000 problems) and
+``test`` (500), with levels drawn uniformly.
+
+``prompt="no_code"`` asks for a solution in words and arithmetic instead of code (small coder
+models otherwise often write a program and never state the result).
 
 Distractors (for the simulated backend) are the answers of typical slips: skipping the
 last step, reversing one add/remove, off-by-one in a pack count.
@@ -12,7 +17,9 @@ last step, reversing one add/remove, off-by-one in a pack count.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from numbers import Integral
 
 from deliberation_env.tasks.base import VERDICT_CRITIC, BaseTask, Problem, Prompts
 from deliberation_env.tasks.numeric import extract_number, numbers_equal
@@ -34,6 +41,20 @@ PROMPTS = Prompts(
     ),
     critic=VERDICT_CRITIC,
 )
+NO_CODE_PROMPTS = replace(
+    PROMPTS,
+    solve=(
+        "Solve the problem step by step in words and arithmetic; do not write code. End with a line "
+        "'The answer is N' where N is an integer.\n\nProblem: {question}"
+    ),
+    refine=PROMPTS.refine.replace(
+        "Solve it again step by step and", "Solve it again step by step in words and arithmetic (do not write code) and"
+    ),
+)
+PROMPT_STYLES = {"default": PROMPTS, "no_code": NO_CODE_PROMPTS}
+LEVELS = (0, 1, 2, 3, 4, 5)
+ALL_OPS = ("add", "remove", "multiply", "share", "packs")
+ONE_STEP_OPS = ("add", "remove", "multiply", "share")  # packs is two operations (x * y, then add)
 
 SPLITS = {"train": (0, 2000), "test": (1, 500)}
 
@@ -61,15 +82,22 @@ def _describe(op: str, name: str, item: str, x: int, y: int) -> str:
 
 
 def generate_problem(rng: random.Random, level: int, index: int, split: str) -> Problem:
-    """One seeded problem of the given level (1-5)."""
+    """One seeded problem of the given level (0-5).
+
+    Levels 1-5 draw exactly the random numbers they always drew, so their problems never change.
+    """
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    scale = 10 * level
-    value = rng.randint(5, 5 + 4 * scale)
+    if level == 0:  # one step, start 5-30, added/removed amounts 2-12
+        step_count, max_start, max_amount, ops = 1, 30, 12, ONE_STEP_OPS
+    else:
+        scale = 10 * level
+        step_count, max_start, max_amount, ops = level + 1, 5 + 4 * scale, 2 + scale, ALL_OPS
+    value = rng.randint(5, max_start)
     start = value
     steps: list[tuple[str, int, int, int]] = []  # (op, x, y, value after)
-    for _ in range(level + 1):
-        op = rng.choice(("add", "remove", "multiply", "share", "packs"))
-        x, y = rng.randint(2, 2 + scale), 0
+    for _ in range(step_count):
+        op = rng.choice(ops)
+        x, y = rng.randint(2, max_amount), 0
         if op == "multiply":
             x = rng.randint(2, 4)
         elif op == "share":
@@ -91,25 +119,41 @@ def generate_problem(rng: random.Random, level: int, index: int, split: str) -> 
         id=f"arithmetic-{split}-{index}",
         question=" ".join(sentences),
         answer=str(value),
-        difficulty=(level - 1) / 4,
+        difficulty=max(0, level - 1) / 4,  # level 0 shares level 1's 0.0 (difficulty stays in [0, 1])
         metadata={"level": level, "start": start, "steps": steps, "name": name, "item": item},
     )
 
 
+def _checked_levels(levels: object) -> tuple[int, ...]:
+    """``levels`` as a tuple of plain ints (it is part of each split's seed), or a ValueError."""
+    items = None if isinstance(levels, (Integral, str)) or not isinstance(levels, Iterable) else tuple(levels)
+    if not items or any(isinstance(v, bool) or not isinstance(v, Integral) or v not in LEVELS for v in items):
+        raise ValueError(
+            f"arithmetic levels must be a non-empty sequence of integers from 0 to 5, e.g. (0,) or (1, 2, 3, 4, 5); "
+            f"got {levels!r}"
+        )
+    return tuple(int(level) for level in items)
+
+
 class ArithmeticTask(BaseTask):
-    """Seeded multi-step integer word problems; exact grading."""
+    """Seeded multi-step integer word problems; exact grading.
+
+    ``levels``: which levels (0-5) a split draws from, uniformly; ``prompt``: ``"default"`` or
+    ``"no_code"`` (solve and refine ask for words and arithmetic, not code).
+    """
 
     name = "arithmetic"
 
-    def __init__(self, data_dir: object = None, levels: Sequence[int] = (1, 2, 3, 4, 5), num_problems: int | None = None):
-        bad = [level for level in levels if level not in (1, 2, 3, 4, 5)]
-        if bad or not levels:
-            raise ValueError(f"arithmetic levels must be a non-empty subset of 1..5, got {tuple(levels)}")
+    def __init__(self, data_dir: object = None, levels: Sequence[int] = (1, 2, 3, 4, 5), num_problems: int | None = None,
+                 prompt: str = "default"):
+        self.levels = _checked_levels(levels)
         if num_problems is not None and num_problems < 1:
             raise ValueError(f"num_problems must be >= 1, got {num_problems}")
-        self.levels = tuple(levels)
+        if prompt not in PROMPT_STYLES:
+            raise ValueError(f"arithmetic prompt must be one of {sorted(PROMPT_STYLES)}, got {prompt!r}")
         self.num_problems = num_problems
-        self.prompts = PROMPTS
+        self.prompt = prompt
+        self.prompts = PROMPT_STYLES[prompt]
         self._splits: dict[str, list[Problem]] = {}
         self._rendered: dict[tuple[str, str], str] = {}
 
