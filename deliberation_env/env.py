@@ -54,7 +54,7 @@ from deliberation_env.tasks.base import Problem, Task
 
 INVALID_ACTION_MODES = ("raise", "persist")
 _ENV_OPTIONS = {
-    "concede_target", "early_stop", "reintrospect_concede", "reward_weights", "max_tokens",
+    "confidence", "concede_target", "early_stop", "reintrospect_concede", "reward_weights", "max_tokens",
     "critic_max_tokens", "temperature", "critic_temperature",
 }
 

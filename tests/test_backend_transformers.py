@@ -54,3 +54,29 @@ def test_env_episode(smol):
     for agent, observation in observations.items():
         assert env.observation_space(agent).contains(observation)
     assert all(info["confidence_source"] in {"logprobs", "verbalized", "verdict", "default"} for info in infos.values())
+
+
+def test_token_logprobs_are_the_models_probabilities_of_the_sampled_tokens(smol):
+    request = Request(_request(3, temperature=0.0).messages, "solve", 0, 3, max_tokens=12, temperature=0.0,
+                      token_logprobs=True)
+    completion = smol.generate([request])[0]
+    pieces = completion.token_logprobs
+    assert pieces and all(value <= 0.0 for _, value in pieces)
+    assert "".join(token for token, _ in pieces) in completion.text or completion.text.startswith(
+        "".join(token for token, _ in pieces).strip())
+    # greedy decoding picks the most likely token, so its probability is the step's maximum: the first
+    # token's logprob equals the top first-token logprob of a logprobs request on the same prompt
+    top = smol.generate([Request(request.messages, "critic", 0, 3, max_tokens=1, temperature=0.0, logprobs=True)])[0]
+    assert pieces[0][1] == pytest.approx(max(top.top_logprobs.values()), abs=1e-4)
+
+
+def test_answer_logprobs_confidence_makes_no_critic_calls(smol):
+    env = deliberation_env.parallel_env(task="arithmetic", backend=smol, max_rounds=1, max_tokens=24,
+                                        confidence="answer_logprobs")
+    calls = smol.generate_calls
+    observations, infos = env.reset(seed=0)
+    assert smol.generate_calls == calls + 1  # the solves only
+    assert all(info["confidence_source"] in {"answer_logprobs", "sequence_logprobs"} for info in infos.values())
+    observations, *_ = env.step({agent: 1 for agent in env.agents})
+    assert smol.generate_calls == calls + 2  # the refines only
+    assert all(env.observation_space(a).contains(o) for a, o in observations.items())

@@ -254,3 +254,54 @@ def test_unknown_option_error_lists_every_accepted_option():
              if n != "self" and p.kind is not p.VAR_KEYWORD]
     for option in [*named, "reward_weights", "early_stop", "max_tokens", "temperature", "concede_target"]:
         assert option in message, option
+
+
+# ------------------------------------------------------------- confidence from the answer's own tokens
+def test_answer_confidence_is_the_probability_of_the_answer_tokens():
+    from deliberation_env.core import answer_confidence
+
+    pieces = (("The", -0.1), (" answer", -0.2), (" is", -0.1), (" 4", -0.5), ("2", -0.25), (".", -0.01))
+    confidence, source = answer_confidence(Completion("The answer is 42.", 1, 6, token_logprobs=pieces), "42")
+    assert source == "answer_logprobs" and confidence == pytest.approx(math.exp(-0.75))
+    confidence, source = answer_confidence(Completion("The answer is 42.", 1, 6, token_logprobs=pieces), "7")
+    assert source == "sequence_logprobs" and confidence == pytest.approx(math.exp(-1.16 / 6))
+    for garbage in (None, "x", [("a", math.nan)], [(1, -0.1)], [("a", 5.0, 1)]):
+        assert answer_confidence(Completion("a", 1, 1, token_logprobs=garbage), "a")[1] == "default"  # type: ignore[arg-type]
+    assert answer_confidence(Completion("7", 1, 1, token_logprobs=(("7", 3.0),)), "7") == (1.0, "answer_logprobs")
+
+
+class TokenLogprobBackend(ScriptedBackend):
+    """Scripted solutions whose answer token has log-probability log(confidence); counts critic calls."""
+
+    def generate(self, requests):
+        completions = super().generate(requests)
+        return [Completion(c.text, c.prompt_tokens, c.completion_tokens,
+                           token_logprobs=(("The answer is ", 0.0), (c.text[len("The answer is "):-1],
+                                                                     math.log(self.confidences[r.agent])), (".", 0.0))
+                           if r.token_logprobs else None)
+                for r, c in zip(requests, completions)]
+
+
+def test_answer_logprobs_confidence_replaces_the_critic_and_concede_copies_it():
+    deliberation = Deliberation(ArithmeticTask(), DeliberationConfig(confidence="answer_logprobs"))
+    backend = TokenLogprobBackend(["42", "41", "40"], [0.9, 0.6, 0.3])
+    deliberation.start(PROBLEM, seed=1)
+    assert all(r.token_logprobs and not r.logprobs for r in deliberation.pending_requests())
+    _drive(deliberation, backend)
+    assert backend.calls == [["solve"] * 3]
+    assert [a.confidence for a in deliberation.agents] == pytest.approx([0.9, 0.6, 0.3])
+    _play_round(deliberation, backend, [P, P, C])  # agent 2 concedes to agent 0
+    assert backend.calls == [["solve"] * 3]  # still no critic call
+    assert deliberation.agents[2].answer == "42" and deliberation.agents[2].confidence == pytest.approx(0.9)
+
+
+def test_critic_text_confidence_asks_for_no_logprobs():
+    deliberation = Deliberation(ArithmeticTask(), DeliberationConfig(confidence="critic_text"))
+    deliberation.start(PROBLEM, seed=1)
+    _drive(deliberation, ScriptedBackend(["42"] * 3, [0.8] * 3))
+    deliberation.begin_round([R, R, R])
+    deliberation.receive(ScriptedBackend(["42"] * 3, [0.8] * 3).generate(deliberation.pending_requests()))
+    critics = deliberation.pending_requests()
+    assert critics and all(r.kind == "critic" and not r.logprobs for r in critics)
+    with pytest.raises(ValueError, match="confidence must be one of"):
+        DeliberationConfig(confidence="vibes")

@@ -8,7 +8,9 @@ backends and caches must ignore ``context``: it is not part of a request's ident
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -56,16 +58,21 @@ class Request:
     top_p: float = 1.0
     logprobs: bool = False
     """Ask for the first token's top log-probabilities (critic calls)."""
+    token_logprobs: bool = False
+    """Ask for the log-probability of every generated token (``confidence="answer_logprobs"``)."""
     context: SimContext | None = field(default=None, compare=False, repr=False)
 
     def sampling_params(self) -> dict[str, Any]:
-        """The fields, besides messages and seed, that change what a model writes."""
-        return {
+        """The fields, besides messages and seed, that change what a model returns."""
+        params: dict[str, Any] = {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "logprobs": self.logprobs,
         }
+        if self.token_logprobs:  # only when set, so that cache keys of other requests stay as they were
+            params["token_logprobs"] = True
+        return params
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,8 @@ class Completion:
     """Top log-probabilities of the first generated token, when the backend gives them."""
     finish_reason: str = "stop"
     cached: bool = False
+    token_logprobs: tuple[tuple[str, float], ...] | None = None
+    """(token text, log-probability) of every generated token, when asked for and the backend gives them."""
 
     @property
     def tokens(self) -> int:
@@ -99,3 +108,33 @@ class Backend(Protocol):
 def estimate_tokens(text: str) -> int:
     """A tokenizer-free token estimate (about 4 characters a token), for backends without one."""
     return max(1, (len(text) + 3) // 4)
+
+
+def sanitize_completion(completion: object) -> Completion:
+    """A backend's answer made safe for the core: text a str, token counts ints in [0, 10^9].
+
+    The env must never crash, nor leave its observation space, on what a model or server sends:
+    a non-string text becomes "" (no answer), unusable token counts become 0, out-of-range ones
+    are clipped, and ``top_logprobs`` is kept only when it is a mapping (``parse_confidence``
+    filters its entries).
+    """
+    if (type(completion) is Completion and type(completion.text) is str
+            and type(completion.prompt_tokens) is int and 0 <= completion.prompt_tokens <= _MAX_TOKENS
+            and type(completion.completion_tokens) is int and 0 <= completion.completion_tokens <= _MAX_TOKENS):
+        return completion  # the common case, kept fast
+    text = getattr(completion, "text", "")
+    counts = [_token_count(getattr(completion, name, 0)) for name in ("prompt_tokens", "completion_tokens")]
+    top = getattr(completion, "top_logprobs", None)
+    tokens = getattr(completion, "token_logprobs", None)
+    return Completion(text if isinstance(text, str) else "", counts[0], counts[1],
+                      top if isinstance(top, Mapping) else None, str(getattr(completion, "finish_reason", "stop")),
+                      token_logprobs=tokens if isinstance(tokens, (list, tuple)) else None)
+
+
+def _token_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars included
+        return 0
+    return int(min(max(value, 0), _MAX_TOKENS)) if math.isfinite(value) else 0
+
+
+_MAX_TOKENS = 10**9

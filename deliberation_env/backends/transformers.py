@@ -46,9 +46,17 @@ DTYPES: dict[str, Any] = {
 
 
 class _SeededSampler:
-    """A logits processor that turns greedy search into per-row seeded sampling (Gumbel-max)."""
+    """A logits processor that turns greedy search into per-row seeded sampling (Gumbel-max).
 
-    def __init__(self, requests: Sequence[Request], device: torch.device):
+    With ``record_logprobs`` it also keeps, per row, the model's log-probability (temperature 1)
+    of each token generated: the token chosen at step k is read from ``input_ids`` at step k + 1,
+    so only one step of log-probabilities is held at a time (the last token's is never recorded).
+    """
+
+    def __init__(self, requests: Sequence[Request], device: torch.device, record_logprobs: bool = False):
+        self.record_logprobs = record_logprobs
+        self.recorded: list[list[float]] = [[] for _ in requests]
+        self._previous: torch.Tensor | None = None
         self.temperatures = [float(r.temperature) for r in requests]
         self.top_ps = [float(r.top_p) for r in requests]
         generator_device = device if device.type == "cuda" else torch.device("cpu")
@@ -60,6 +68,12 @@ class _SeededSampler:
         self.noise_device = generator_device
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.record_logprobs:
+            if self._previous is not None:
+                chosen = self._previous.gather(1, input_ids[:, -1:].to(self._previous.device)).squeeze(1).tolist()
+                for row, value in enumerate(chosen):
+                    self.recorded[row].append(value)
+            self._previous = torch.log_softmax(scores.float(), dim=-1)
         scores = scores.float().clone()
         vocab = scores.shape[-1]
         for row, (temperature, top_p, generator) in enumerate(zip(self.temperatures, self.top_ps, self.generators)):
@@ -247,6 +261,7 @@ class TransformersBackend:
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[row, width - len(prompt) :] = 1
         want_logprobs = any(r.logprobs for r in requests)
+        sampler = _SeededSampler(requests, self.device, record_logprobs=any(r.token_logprobs for r in requests))
         config = GenerationConfig(
             max_new_tokens=requests[0].max_tokens,
             do_sample=False,
@@ -260,7 +275,7 @@ class TransformersBackend:
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
             generation_config=config,
-            logits_processor=LogitsProcessorList([_SeededSampler(requests, self.device)]),
+            logits_processor=LogitsProcessorList([sampler]),
         )
         generated = output.sequences[:, width:].tolist()
         first_logits = output.logits[0].float() if want_logprobs and output.logits else None
@@ -275,9 +290,14 @@ class TransformersBackend:
                     completion_tokens=len(tokens) if stop is None else stop + 1,
                     top_logprobs=self._top_logprobs(first_logits[row]) if request.logprobs and first_logits is not None else None,
                     finish_reason="length" if stop is None else "stop",
+                    token_logprobs=self._token_logprobs(kept, sampler.recorded[row]) if request.token_logprobs else None,
                 )
             )
         return completions
+
+    def _token_logprobs(self, tokens: list[int], logprobs: list[float]) -> tuple[tuple[str, float], ...]:
+        """(text, log-probability) per kept token; decoded one by one, so their texts concatenate to the text."""
+        return tuple((self.tokenizer.decode([token]), value) for token, value in zip(tokens, logprobs))
 
     def _top_logprobs(self, logits: torch.Tensor) -> dict[str, float]:
         logprobs = torch.log_softmax(logits, dim=-1)

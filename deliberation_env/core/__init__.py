@@ -1,5 +1,6 @@
 """The deliberation as a plain state machine: states, meta-actions, consensus, rewards."""
 
+from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.deliberation import (
     Action,
@@ -7,7 +8,6 @@ from deliberation_env.core.deliberation import (
     Deliberation,
     DeliberationConfig,
     RoundOutcome,
-    parse_confidence,
 )
 from deliberation_env.core.rewards import DEFAULT_REWARD_WEIGHTS, REWARD_COMPONENTS, RoundFacts
 
@@ -20,6 +20,7 @@ __all__ = [
     "REWARD_COMPONENTS",
     "RoundFacts",
     "RoundOutcome",
+    "answer_confidence",
     "parse_confidence",
     "plurality",
     "support",

@@ -21,17 +21,15 @@ on the order of the agents (a mutual CONCEDE swaps the two answers).
 from __future__ import annotations
 
 import logging
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
-from math import exp
 
 import numpy as np
 
-from deliberation_env.backends.base import Completion, Request, SimContext
+from deliberation_env.backends.base import Completion, Request, SimContext, sanitize_completion
 from deliberation_env.core import features
+from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, check_weights, reward_components, total_reward
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
@@ -48,6 +46,7 @@ class Action(IntEnum):
 
 
 CONCEDE_TARGETS = ("most_confident", "plurality")
+CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
 _KIND_IDS = {"solve": 1, "refine": 2, "critic": 3}
 
 
@@ -64,6 +63,11 @@ class DeliberationConfig:
     reintrospect_concede: bool = True
     """Re-run the critic after a CONCEDE (else the agent copies the target's confidence)."""
     reward_weights: Mapping[str, float] = field(default_factory=dict)
+    confidence: str = "critic"
+    """Where an agent's confidence comes from: ``critic`` (a second call; its first-token Yes/No
+    log-probabilities, else the number or verdict it writes), ``critic_text`` (the same call without
+    asking for log-probabilities, for servers that cannot return them), or ``answer_logprobs`` (the
+    probability of the answer's own tokens in the solution: no critic call at all)."""
     max_tokens: int = 512
     critic_max_tokens: int = 48
     temperature: float = 0.7
@@ -74,6 +78,8 @@ class DeliberationConfig:
         _check_int("max_rounds", self.max_rounds, 1)
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("critic_max_tokens", self.critic_max_tokens, 1)
+        if self.confidence not in CONFIDENCE_SOURCES:
+            raise ValueError(f"confidence must be one of {CONFIDENCE_SOURCES}, got {self.confidence!r}")
         if self.concede_target not in CONCEDE_TARGETS:
             raise ValueError(f"concede_target must be one of {CONCEDE_TARGETS}, got {self.concede_target!r}")
         for name in ("temperature", "critic_temperature"):
@@ -132,91 +138,6 @@ def mix_seed(*parts: int) -> int:
         state = (state ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
         state = (state ^ (state >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
     return state >> 1
-
-
-_CONFIDENCE = re.compile(r"(?i)confidence\s*[:=]?\s*(\d{1,3}(?:\.\d+)?)\s*(%?)")
-_BARE_NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")
-_VERDICT = re.compile(r"(?i)^\W*(yes|no)\b")
-
-
-def parse_confidence(completion: Completion) -> tuple[float, str]:
-    """Confidence in [0, 1] from a critic completion, and its source.
-
-    ``logprobs``: P(yes) / (P(yes) + P(no)) from the first token's log-probabilities;
-    ``verbalized``: the number the critic wrote; ``verdict``: a bare Yes (0.75) or No (0.25);
-    ``default``: 0.5 when the critic wrote nothing usable. Log-probabilities that are not
-    finite numbers <= 0 (a server's garbage) are ignored, so the result is always in [0, 1].
-    """
-    yes, no = _yes_no_logprobs(completion.top_logprobs)
-    if yes is not None or no is not None:
-        top = max(v for v in (yes, no) if v is not None)  # normalise in log space: no overflow, no 0/0
-        p_yes = exp(yes - top) if yes is not None else 0.0
-        p_no = exp(no - top) if no is not None else 0.0
-        return p_yes / (p_yes + p_no), "logprobs"
-    text = completion.text
-    match = _CONFIDENCE.search(text)
-    if match:
-        value = float(match.group(1))
-        if match.group(2) or value > 1.0:
-            value /= 100.0
-        if 0.0 <= value <= 1.0:
-            return value, "verbalized"
-    match = _BARE_NUMBER.search(text)
-    if match:
-        return float(match.group(1)), "verbalized"
-    match = _VERDICT.search(text)
-    if match:
-        return (0.75 if match.group(1).lower() == "yes" else 0.25), "verdict"
-    return 0.5, "default"
-
-
-def _yes_no_logprobs(top_logprobs: object) -> tuple[float | None, float | None]:
-    """log P("yes") and log P("no") summed over their spellings, or None where absent."""
-    if not isinstance(top_logprobs, Mapping):
-        return None, None
-    found: dict[str, list[float]] = {"yes": [], "no": []}
-    for token, logprob in top_logprobs.items():
-        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
-            continue
-        word = token.strip().lower()
-        if word in found and math.isfinite(logprob):
-            found[word].append(min(float(logprob), 0.0))
-    return tuple(_logsumexp(found[word]) for word in ("yes", "no"))  # type: ignore[return-value]
-
-
-def _logsumexp(values: list[float]) -> float | None:
-    if not values:
-        return None
-    top = max(values)
-    return top + math.log(sum(exp(v - top) for v in values))
-
-
-def sanitize_completion(completion: object) -> Completion:
-    """A backend's answer made safe for the core: text a str, token counts ints in [0, 10^9].
-
-    The env must never crash, nor leave its observation space, on what a model or server sends:
-    a non-string text becomes "" (no answer), unusable token counts become 0, out-of-range ones
-    are clipped, and ``top_logprobs`` is kept only when it is a mapping (``parse_confidence``
-    filters its entries).
-    """
-    if (type(completion) is Completion and type(completion.text) is str
-            and type(completion.prompt_tokens) is int and 0 <= completion.prompt_tokens <= _MAX_TOKENS
-            and type(completion.completion_tokens) is int and 0 <= completion.completion_tokens <= _MAX_TOKENS):
-        return completion  # the common case, kept fast
-    text = getattr(completion, "text", "")
-    counts = [_token_count(getattr(completion, name, 0)) for name in ("prompt_tokens", "completion_tokens")]
-    top = getattr(completion, "top_logprobs", None)
-    return Completion(text if isinstance(text, str) else "", counts[0], counts[1],
-                      top if isinstance(top, Mapping) else None, str(getattr(completion, "finish_reason", "stop")))
-
-
-def _token_count(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return 0
-    return int(min(max(value, 0), _MAX_TOKENS)) if math.isfinite(value) else 0
-
-
-_MAX_TOKENS = 10**9
 
 
 class Deliberation:
@@ -300,6 +221,9 @@ class Deliberation:
         if self.phase is Phase.GENERATE:
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
+                if self.config.confidence == "answer_logprobs":
+                    agent = self.agents[request.agent]
+                    agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
             self._request_critics()
         elif self.phase is Phase.CRITIC:
             for request, completion in zip(requests, completions):
@@ -439,7 +363,8 @@ class Deliberation:
             seed=mix_seed(self._seed, self.request_round, agent, _KIND_IDS[kind]),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
             temperature=config.critic_temperature if critic else config.temperature,
-            logprobs=critic,
+            logprobs=critic and config.confidence == "critic",
+            token_logprobs=not critic and config.confidence == "answer_logprobs",
             context=self._context(agent, peer_states),
         )
 
@@ -452,6 +377,8 @@ class Deliberation:
 
     def _request_critics(self) -> None:
         assert self.problem is not None
+        if self.config.confidence == "answer_logprobs":  # the confidence came with the solution
+            self._changed = []
         self._pending = [
             self._request(i, self.task.critic_messages(self.problem, self.agents[i].text), "critic")
             for i in self._changed
@@ -486,7 +413,7 @@ class Deliberation:
         changed = source.answer != agent.answer
         agent.text, agent.answer, agent.correct = source.text, source.answer, source.correct
         agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))
-        if self.config.reintrospect_concede:
+        if self.config.reintrospect_concede and self.config.confidence != "answer_logprobs":
             self._changed.append(index)
         else:
             agent.confidence, agent.confidence_source = source.confidence, source.confidence_source
