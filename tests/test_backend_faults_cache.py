@@ -177,3 +177,23 @@ def test_unwritable_file_is_detected_and_replayed(tmp_path):
         assert lines[1].startswith("refused:") and str(path) in lines[1]
     finally:
         path.parent.chmod(0o755)
+
+
+OLD_SCHEMA = """CREATE TABLE completions (key TEXT PRIMARY KEY, text TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, top_logprobs TEXT, finish_reason TEXT NOT NULL, created REAL NOT NULL)"""
+
+
+def test_token_logprobs_replay_and_files_without_their_column(tmp_path):
+    old = tmp_path / "old.sqlite"
+    request = Request((Message("user", "q"),), "solve", 0, 1, token_logprobs=True)
+    with sqlite3.connect(old) as conn:  # a cache written before Completion.token_logprobs existed
+        conn.execute(OLD_SCHEMA)
+        conn.execute("INSERT INTO completions VALUES (?, 'old answer', 3, 2, NULL, 'stop', 0)",
+                     (request_key("echo", _requests([7])[0]),))
+    conn.close()
+    for read_only in (True, False):
+        assert CachedBackend(Echo(), old, read_only=read_only).generate(_requests([7]))[0].text == "old answer"
+    inner = Echo(token_logprobs=(("answer", -0.5), (" 1", -0.25)))
+    assert CachedBackend(inner, old).generate([request])[0].token_logprobs == (("answer", -0.5), (" 1", -0.25))
+    replayed = CachedBackend(inner, old, read_only=True).generate([request])[0]
+    assert replayed.cached and replayed.token_logprobs == (("answer", -0.5), (" 1", -0.25)) and inner.asked == 1

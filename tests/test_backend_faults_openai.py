@@ -137,7 +137,7 @@ def test_server_without_logprobs_fails_at_once_naming_the_fix(serve):
     assert time.monotonic() - start < 1.0 and len(server.bodies) == 1 and backend.retries == 0
     message = str(error.value)
     assert "\n" not in message and server.url in message and "logits_all=False" in message
-    assert "--logits_all true" in message and "logprobs=False" in message and "verbalized" in message
+    assert "--logits_all true" in message and "confidence='critic_text'" in message and "logprobs=False" in message
 
 
 def test_logprobs_false_never_asks_and_the_episode_runs(serve):
@@ -242,3 +242,16 @@ def test_bad_options_are_refused_clearly():
     with pytest.raises(ValueError, match="deadline"):
         OpenAICompatibleBackend("http://127.0.0.1:1/v1", model="m", deadline=0)
 
+
+
+def test_every_token_logprobs_when_asked(serve):
+    tokens = [{"token": "The", "logprob": -0.1, "top_logprobs": []}, {"token": " answer", "logprob": -0.25},
+              {"token": " is 4", "logprob": 0.0}]
+    good = serve(_json(200, _reply("The answer is 4", logprobs={"content": tokens})))
+    request = Request((Message("user", "2 + 2?"),), "solve", 0, 1, token_logprobs=True)
+    completion = OpenAICompatibleBackend(good.url, model="m").generate([request])[0]
+    assert completion.token_logprobs == (("The", -0.1), (" answer", -0.25), (" is 4", 0.0))
+    assert completion.top_logprobs is None
+    assert good.bodies[0]["logprobs"] is True and "top_logprobs" not in good.bodies[0]
+    gap = serve(_json(200, _reply("The answer", logprobs={"content": [tokens[0], {"token": " answer", "logprob": "x"}]})))
+    assert OpenAICompatibleBackend(gap.url, model="m").generate([request])[0].token_logprobs is None

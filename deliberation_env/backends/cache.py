@@ -37,8 +37,10 @@ READ_ONLY_ENV = "DELIBERATION_ENV_CACHE_READ_ONLY"
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS completions (
     key TEXT PRIMARY KEY, text TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL, top_logprobs TEXT, finish_reason TEXT NOT NULL, created REAL NOT NULL)"""
-_SELECT = "SELECT key, text, prompt_tokens, completion_tokens, top_logprobs, finish_reason FROM completions WHERE key IN "
+    completion_tokens INTEGER NOT NULL, top_logprobs TEXT, finish_reason TEXT NOT NULL, created REAL NOT NULL,
+    token_logprobs TEXT)"""
+_COLUMNS = "key, text, prompt_tokens, completion_tokens, top_logprobs, finish_reason, created, token_logprobs"
+_SELECT = "SELECT key, text, prompt_tokens, completion_tokens, top_logprobs, finish_reason, {} FROM completions WHERE key IN "
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -104,11 +106,21 @@ def _row(key: str, completion: Completion) -> tuple | None:
         return None
     if any(type(count) is not int or not _INT64[0] <= count <= _INT64[1] for count in counts):
         return None
+    tokens = getattr(completion, "token_logprobs", None)
     try:
-        logprobs = json.dumps(completion.top_logprobs, allow_nan=True) if completion.top_logprobs else None
+        logprobs = json.dumps(completion.top_logprobs) if completion.top_logprobs else None
+        token_logprobs = json.dumps(tokens) if tokens is not None else None
     except (TypeError, ValueError):
         return None
-    return (key, _to_sql_text(text), *counts, logprobs, _to_sql_text(finish), time.time())
+    return (key, _to_sql_text(text), *counts, logprobs, _to_sql_text(finish), time.time(), token_logprobs)
+
+
+def _tokens_from_json(value: str) -> tuple[tuple[str, float], ...]:
+    return tuple(tuple(item) for item in json.loads(value))
+
+
+def _has_token_logprobs(conn: sqlite3.Connection) -> bool:
+    return any(row[1] == "token_logprobs" for row in conn.execute("PRAGMA table_info(completions)"))
 
 
 class CachedBackend:
@@ -129,6 +141,7 @@ class CachedBackend:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._conn_read_only = False
+        self._select = _SELECT.format("token_logprobs")
         self._pid = -1
 
     def identity(self) -> str:
@@ -164,9 +177,16 @@ class CachedBackend:
             self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL"))
             conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
             self._retry(lambda: conn.execute(_SCHEMA))
+            if not _has_token_logprobs(conn):  # a file written before the column existed
+                try:
+                    self._retry(lambda: conn.execute("ALTER TABLE completions ADD COLUMN token_logprobs TEXT"))
+                except sqlite3.OperationalError as error:
+                    if "duplicate column" not in str(error):  # another process added it first
+                        raise
         except BaseException:
             conn.close()
             raise
+        self._select = _SELECT.format("token_logprobs")
         return conn
 
     def _open_read_only(self) -> sqlite3.Connection:
@@ -183,6 +203,7 @@ class CachedBackend:
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
                 conn.execute("SELECT key FROM completions LIMIT 1").fetchall()
+                self._select = _SELECT.format("token_logprobs" if _has_token_logprobs(conn) else "NULL")
                 return conn
             except sqlite3.DatabaseError as error:
                 conn.close()
@@ -239,11 +260,12 @@ class CachedBackend:
         loads = json.loads
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
-            rows = conn.execute(_SELECT + f"({','.join('?' * len(chunk))})", chunk).fetchall()
-            for key, text, prompt, completion, logprobs, finish in rows:
+            rows = conn.execute(self._select + f"({','.join('?' * len(chunk))})", chunk).fetchall()
+            for key, text, prompt, completion, logprobs, finish, tokens in rows:
                 if text.__class__ is bytes or finish.__class__ is bytes:
                     text, finish = _from_sql_text(text), _from_sql_text(finish)
-                found[key] = Completion(text, prompt, completion, loads(logprobs) if logprobs else None, finish, True)
+                found[key] = Completion(text, prompt, completion, loads(logprobs) if logprobs else None, finish, True,
+                                        None if tokens is None else _tokens_from_json(tokens))
         return found
 
     def _store(self, items: list[tuple[str, Completion]]) -> None:
@@ -260,7 +282,7 @@ class CachedBackend:
         def write() -> None:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany("INSERT OR IGNORE INTO completions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                conn.executemany(f"INSERT OR IGNORE INTO completions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -115,23 +115,26 @@ class OpenAICompatibleBackend:
         with self._lock:
             self._down_until[url] = time.monotonic() + self.cooldown
 
-    def _body(self, request: Request) -> bytes:
+    def _body(self, request: Request) -> tuple[bytes, bool]:
+        """The JSON body of a request, and whether it asks for log-probabilities."""
         body: dict[str, Any] = {
             "model": self.model, "messages": [m.as_dict() for m in request.messages],
             "max_tokens": request.max_tokens, "temperature": request.temperature, "top_p": request.top_p,
             "seed": int(request.seed) & 0x7FFFFFFF,
         }
-        if request.logprobs and self.logprobs:
-            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if self.logprobs and (request.logprobs or request.token_logprobs):
+            body["logprobs"] = True
+            if request.logprobs:
+                body["top_logprobs"] = self.top_logprobs
         text = json.dumps(body, ensure_ascii=False)
         try:
-            return text.encode()
+            encoded = text.encode()
         except UnicodeEncodeError:  # lone surrogates (from a model's earlier output): sent as U+FFFD
-            return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode()
+            encoded = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode()
+        return encoded, "logprobs" in body
 
     def _one(self, request: Request) -> Completion:
-        body = self._body(request)
-        asked_logprobs = bool(request.logprobs and self.logprobs)
+        body, asked_logprobs = self._body(request)
         deadline = time.monotonic() + self.deadline
         failure = ""
         url = self.base_urls[0]
@@ -182,10 +185,11 @@ class OpenAICompatibleBackend:
         status = response.status_code
         if status >= 400 and asked_logprobs and _LOGPROBS_REFUSED.search(response.text):
             raise BackendError(
-                f"{url}: the server cannot return the log-probabilities this critic request asked for (HTTP {status}: "
+                f"{url}: the server cannot return the log-probabilities this request asked for (HTTP {status}: "
                 f"{self._snippet(response.text)}). Start it with logprobs enabled (llama.cpp: --logits_all true; "
                 f"vLLM: --max-logprobs {self.top_logprobs} or more), or choose another confidence source: "
-                "OpenAICompatibleBackend(..., logprobs=False) uses the critic's verbalized confidence."
+                "parallel_env(..., confidence='critic_text') uses the critic's verbalized confidence "
+                "(or OpenAICompatibleBackend(..., logprobs=False) for this backend only)."
             )
         if status == 429 or status >= 500:
             raise _Retryable(f"HTTP {status}: {self._snippet(response.text)}")
@@ -216,11 +220,12 @@ class OpenAICompatibleBackend:
         completion = _token_count(usage.get("completion_tokens"))
         if completion is None:
             completion = estimate_tokens(text) if text else 0
-        finish = choice.get("finish_reason")  # type: ignore[union-attr]
+        finish, logprobs = choice.get("finish_reason"), choice.get("logprobs")  # type: ignore[union-attr]
         return Completion(
             text=text, prompt_tokens=prompt, completion_tokens=completion,
-            top_logprobs=_first_token_logprobs(choice.get("logprobs")) if asked_logprobs else None,  # type: ignore[union-attr]
+            top_logprobs=_first_token_logprobs(logprobs) if asked_logprobs and request.logprobs else None,
             finish_reason=finish if isinstance(finish, str) and finish else "stop",
+            token_logprobs=_every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None,
         )
 
     def _snippet(self, text: str) -> str:
@@ -283,6 +288,20 @@ def _first_token_logprobs(logprobs: Any) -> dict[str, float] | None:
                 value = high + math.log1p(math.exp(low - high))
             result[token] = value
     return result or None
+
+
+def _every_token_logprobs(logprobs: Any) -> tuple[tuple[str, float], ...] | None:
+    """(token, logprob) of every generated token (chat format); None when unusable."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content:
+        return None
+    pairs = []
+    for item in content:
+        value = _logprob(item.get("logprob")) if isinstance(item, dict) else None
+        if value is None or not isinstance(item.get("token"), str):
+            return None  # a gap would misalign the tokens with the text
+        pairs.append((item["token"], value))
+    return tuple(pairs)
 
 
 class _Deadlines(threading.local):
