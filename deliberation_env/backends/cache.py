@@ -58,25 +58,25 @@ class CacheStats:
     misses: int = 0
 
 
-def _dumps(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # json.dumps(..., sort_keys=True, separators=...)
 
 
 class _KeyHasher:
     """``request_key`` with the identity's part of the hash computed once.
 
-    The hashed text is exactly ``_dumps({"identity", "messages", "params", "seed"})``: sorted keys
-    put the identity first, so its prefix is hashed once and copied per request.
+    The hashed text is exactly the JSON of ``{"identity", "messages", "params", "seed"}`` with sorted
+    keys: the identity comes first, so ``{"identity":...,`` is hashed once and the rest, one JSON
+    object without its opening brace, is added per request.
     """
 
     def __init__(self, identity: str):
-        self._head = hashlib.sha256(('{"identity":' + _dumps(identity) + ',"messages":').encode())
+        self._head = hashlib.sha256(('{"identity":' + _KEY_JSON.encode(identity) + ",").encode())
 
     def __call__(self, request: Request) -> str:
-        tail = (_dumps([[m.role, m.content] for m in request.messages]) + ',"params":'
-                + _dumps(request.sampling_params()) + ',"seed":' + _dumps(int(request.seed)) + "}")
+        rest = _KEY_JSON.encode({"messages": [[m.role, m.content] for m in request.messages],
+                                 "params": request.sampling_params(), "seed": int(request.seed)})
         digest = self._head.copy()
-        digest.update(tail.encode())
+        digest.update(rest[1:].encode())
         return digest.hexdigest()
 
 
