@@ -78,6 +78,8 @@ class DeliberationEnv(ParallelEnv):
         task_kwargs: Mapping[str, Any] | None = None,
         backend_kwargs: Mapping[str, Any] | None = None,
         cache: str | None = None,
+        trace: Any = None,
+        trace_label: str | None = None,
         **options: Any,
     ):
         unknown = sorted(set(options) - _ENV_OPTIONS)
@@ -118,6 +120,11 @@ class DeliberationEnv(ParallelEnv):
         self.np_random, self.np_random_seed = seeding.np_random(None)
         self._last: RoundOutcome | None = None
         self._last_actions: list[Action | None] = [None] * num_agents
+        self._recorder = None
+        if trace is not None:  # episode traces (deliberation_env.traces); nothing to pay without them
+            from deliberation_env.traces import EpisodeRecorder
+
+            self._recorder = EpisodeRecorder(self, trace, trace_label, dict(task_kwargs or {}))
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -181,6 +188,8 @@ class DeliberationEnv(ParallelEnv):
         self.agents = list(self.possible_agents)
         observations = self._observations()
         infos = self._infos(None)
+        if self._recorder is not None:
+            self._recorder.record_round(None)
         return observations, infos
 
     def begin_step(self, actions: Mapping[str, Any]) -> None:
@@ -194,6 +203,8 @@ class DeliberationEnv(ParallelEnv):
         terminations = {agent: outcome.done for agent in self.agents}
         truncations = {agent: False for agent in self.agents}
         infos = self._infos(outcome)
+        if self._recorder is not None:
+            self._recorder.record_round(outcome)
         if self.render_mode == "human":
             self.render()
         if outcome.done:
@@ -222,6 +233,8 @@ class DeliberationEnv(ParallelEnv):
         return text
 
     def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
         for backend in {id(b): b for b in self.backends}.values():
             close = getattr(backend, "close", None)
             if callable(close):

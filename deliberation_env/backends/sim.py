@@ -22,16 +22,26 @@ hash of its id), with ``s_i = skills[i % len(skills)]``:
 - text: right agents often say they double-checked, wrong ones often hedge (``check_rate_*``,
   ``hedge_rate_*``), which shows in the reasoning profile;
 - tokens: completion lengths drawn around ``solve_tokens`` / ``refine_tokens`` (longer on
-  harder problems) and ``critic_tokens``; prompt tokens estimated from the prompt's length.
+  harder problems) and ``critic_tokens``; prompt tokens estimated from the prompt's length;
+- knobs for behaviour that real traces show (``deliberation_env.calibrate`` fits them), off by
+  default so that the default sim is unchanged: ``copy_peer`` (a refining agent just adopts a
+  peer's answer, as small models do) and ``refine_break`` (a right agent's revision comes out
+  wrong with no wrong peer to blame).
+
+``SimBackend(config=...)`` takes a ``SimConfig``, a dict of knobs, or the path of a JSON file
+of knobs (``{"skills": [0.6, 0.5], ...}`` or the ``{"config": {...}, ...}`` that calibrate writes).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import zlib
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from deliberation_env.backends.base import Completion, Request, estimate_tokens
 
@@ -78,11 +88,15 @@ class SimConfig:
     """Mean completion tokens of a revised solution."""
     critic_tokens: int = 12
     """Mean completion tokens of a critic verdict."""
+    copy_peer: float = 0.0
+    """P(a REFINE-ing agent just adopts the answer of a peer, uniformly among those holding one)."""
+    refine_break: float = 0.0
+    """P(a right agent that REFINEs and is not swayed by a wrong peer still ends up wrong)."""
 
     def __post_init__(self) -> None:
         for name in ("no_answer_rate", "distractor_decay", "sycophancy", "refine_self", "refine_peer_gain",
                      "follow_wrong", "confidence_right", "confidence_wrong", "check_rate_right", "check_rate_wrong",
-                     "hedge_rate_right", "hedge_rate_wrong"):
+                     "hedge_rate_right", "hedge_rate_wrong", "copy_peer", "refine_break"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"SimConfig.{name} must be in [0, 1], got {value!r}")
@@ -90,9 +104,72 @@ class SimConfig:
             raise ValueError(f"SimConfig.skills must be probabilities in (0, 1), got {self.skills!r}")
         if not self.overconfidence:
             raise ValueError("SimConfig.overconfidence needs at least one value")
+        if not self.confidence_noise >= 0.0:
+            raise ValueError(f"SimConfig.confidence_noise must be >= 0, got {self.confidence_noise!r}")
         for name in ("solve_tokens", "refine_tokens", "critic_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimConfig.{name} must be >= 1")
+
+
+_ADDED_KNOBS = {"copy_peer": 0.0, "refine_break": 0.0}
+"""Knobs added after caches keyed on identity() existed: named in the identity only when not at their default."""
+
+
+def load_sim_config(source: str | os.PathLike | Mapping[str, Any]) -> SimConfig:
+    """A ``SimConfig`` from a dict of knobs or a JSON file of them; errors name the file and the knob."""
+    where = "SimConfig"
+    if isinstance(source, (str, os.PathLike)):
+        where = f"sim config file {os.fspath(source)!r}"
+        try:
+            with open(source, encoding="utf-8") as file:
+                source = json.load(file)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{where} does not exist (write one with python -m deliberation_env.calibrate)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{where} is not a readable JSON file: {error}") from None
+    if isinstance(source, Mapping) and isinstance(source.get("config"), Mapping):
+        source = source["config"]  # the file calibrate writes: {"config": {...}, "calibration": {...}}
+    if not isinstance(source, Mapping):
+        raise ValueError(f"{where} must be a JSON object of SimConfig knobs, got {type(source).__name__}")
+    known = {f.name: f for f in fields(SimConfig)}
+    unknown = sorted(set(source) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown knob(s) {unknown}; SimConfig knobs: {', '.join(known)}")
+    knobs: dict[str, Any] = {}
+    for name, value in source.items():
+        default = getattr(SimConfig, name)
+        if isinstance(default, tuple):
+            ok = isinstance(value, (list, tuple)) and all(_is_number(v) for v in value)
+            value = tuple(float(v) for v in value) if ok else value
+        elif isinstance(default, int):
+            ok = _is_number(value) and float(value).is_integer()
+            value = int(value) if ok else value
+        else:
+            ok = _is_number(value)
+            value = float(value) if ok else value
+        if not ok:
+            kind = "a list of numbers" if isinstance(default, tuple) else type(default).__name__
+            raise ValueError(f"{where}: knob {name!r} must be {kind}, got {value!r}")
+        knobs[name] = value
+    try:
+        return SimConfig(**knobs)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def problem_difficulty(problem_id: str, difficulty: float | None) -> float:
+    """The difficulty the sim uses: the problem's own, else a stable hash of its id in [0, 1]."""
+    return (zlib.crc32(problem_id.encode()) % 1000) / 999.0 if difficulty is None else difficulty
+
+
+def solve_probability(config: SimConfig, agent: int, difficulty: float) -> float:
+    """P(agent's first solution is right) on a problem of this difficulty."""
+    skill = config.skills[agent % len(config.skills)]
+    return _sigmoid(_logit(skill) - config.difficulty_weight * (difficulty - 0.5))
 
 
 def _logit(p: float) -> float:
@@ -106,9 +183,11 @@ def _sigmoid(x: float) -> float:
 class SimBackend:
     """The simulated LLM backend (see the module docstring for its model)."""
 
-    def __init__(self, config: SimConfig | None = None, **knobs):
+    def __init__(self, config: SimConfig | Mapping[str, Any] | str | os.PathLike | None = None, **knobs):
         if config is not None and knobs:
             raise TypeError("pass either a SimConfig or keyword knobs, not both")
+        if config is not None and not isinstance(config, SimConfig):
+            config = load_sim_config(config)
         try:
             self.config = config or SimConfig(**knobs)
         except TypeError as error:
@@ -116,7 +195,8 @@ class SimBackend:
         self._distractors: dict[str, list[str]] = {}
 
     def identity(self) -> str:
-        return "sim:" + ",".join(f"{k}={v}" for k, v in asdict(self.config).items())
+        return "sim:" + ",".join(f"{k}={v}" for k, v in asdict(self.config).items()
+                                 if k not in _ADDED_KNOBS or v != _ADDED_KNOBS[k])
 
     def __repr__(self) -> str:
         return f"SimBackend({self.config})"
@@ -137,19 +217,20 @@ class SimBackend:
         if request.kind == "critic":
             return self._critic(request, rng, prompt_tokens)
         cfg, problem = self.config, context.problem
-        difficulty = problem.difficulty
-        if difficulty is None:
-            difficulty = (zlib.crc32(problem.id.encode()) % 1000) / 999.0
-        skill = cfg.skills[request.agent % len(cfg.skills)]
-        p_solve = _sigmoid(_logit(skill) - cfg.difficulty_weight * (difficulty - 0.5))
+        difficulty = problem_difficulty(problem.id, problem.difficulty)
+        p_solve = solve_probability(cfg, request.agent, difficulty)
         wrong_peers = [a for a, ok in zip(context.peer_answers, context.peer_correct) if a is not None and not ok]
         peers = len(context.peer_answers) or 1
         share_right = sum(context.peer_correct) / peers
         if request.kind == "solve":
             answer = problem.answer if rng.random() < p_solve else self._wrong(context, rng)
+        elif cfg.copy_peer and any(a is not None for a in context.peer_answers) and rng.random() < cfg.copy_peer:
+            answer = rng.choice([a for a in context.peer_answers if a is not None])
         elif context.own_correct:
             switch = cfg.sycophancy * len(wrong_peers) / peers
             answer = rng.choice(wrong_peers) if wrong_peers and rng.random() < switch else problem.answer
+            if answer == problem.answer and cfg.refine_break and rng.random() < cfg.refine_break:
+                answer = self._wrong(context, rng)
         elif rng.random() < min(0.95, cfg.refine_self * p_solve + cfg.refine_peer_gain * share_right):
             answer = problem.answer
         elif wrong_peers and rng.random() < cfg.follow_wrong:

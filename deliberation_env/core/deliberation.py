@@ -161,6 +161,8 @@ class Deliberation:
         self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
         self._parsed: dict[str, tuple[str | None, tuple[float, ...]]] = {}
+        self.request_log: list[tuple[int, str, int, int]] | None = None
+        """When a list (episode traces), receive() appends (agent, kind, prompt_tokens, completion_tokens)."""
         count = config.num_agents
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
 
@@ -172,6 +174,8 @@ class Deliberation:
         self.round, self.done, self._grades = 0, False, {}
         self._changed, self._starting = [], True
         self._derived = {}
+        if self.request_log is not None:
+            self.request_log.clear()
         if len(self._parsed) > 4096:  # texts repeat within and across episodes; keep the memo bounded
             self._parsed.clear()
         messages = self.task.solve_messages(problem)
@@ -217,6 +221,9 @@ class Deliberation:
             raise ValueError(f"expected {len(self._pending)} completions, got {len(completions)}")
         requests, self._pending = self._pending, []
         completions = [sanitize_completion(completion) for completion in completions]
+        if self.request_log is not None:
+            self.request_log.extend((r.agent, r.kind, c.prompt_tokens, c.completion_tokens)
+                                    for r, c in zip(requests, completions))
         self._derived = {}
         if self.phase is Phase.GENERATE:
             for request, completion in zip(requests, completions):

@@ -1,0 +1,325 @@
+"""Episode traces: one JSON line per finished episode, and a strict reader.
+
+    env = deliberation_env.parallel_env(backend=..., trace="traces.jsonl", trace_label="debate")
+    episodes = read_traces("traces.jsonl")         # list[Episode]
+
+A trace records what a run did and what it cost, per round and agent, so that the simulator
+can be calibrated on it (``deliberation_env.calibrate``). ``trace=`` takes a path (the env opens
+it in append mode and closes it in ``env.close()``) or a ``TraceWriter`` that many envs of one
+process share. Each episode is written and flushed when it ends, so a killed run keeps every
+finished episode; an episode cut short (a reset before its end) is not written.
+The fields are documented in ``docs/calibration.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TRACE_VERSION = 1
+REQUEST_KINDS = ("solve", "refine", "critic")
+ACTIONS = ("PERSIST", "REFINE", "CONCEDE")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read: names the file, the line and what is wrong."""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One generation an agent asked for in a round."""
+
+    kind: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class AgentRound:
+    """One agent's state at the end of a round, and what the round cost it."""
+
+    action: str | None
+    requests: tuple[RequestRecord, ...]
+    text: str
+    answer: str | None
+    correct: bool
+    confidence: float
+    confidence_source: str
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round: index 0 is the solve round (no actions, no rewards)."""
+
+    index: int
+    agents: tuple[AgentRound, ...]
+    consensus: str | None
+    consensus_correct: bool
+    rewards: tuple[float, ...] | None
+    reward_components: tuple[dict[str, float], ...] | None
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One finished episode (see ``docs/calibration.md`` for every field)."""
+
+    task: str
+    task_settings: dict[str, Any]
+    split: str
+    problem_id: str
+    difficulty: float | None
+    seed: int
+    label: str | None
+    num_agents: int
+    max_rounds: int
+    backends: tuple[str, ...]
+    rounds: tuple[Round, ...]
+    version: int = TRACE_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+class TraceWriter:
+    """Appends episodes to a JSON-lines file; one writer may serve many envs of one process."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open until close()
+        except OSError as error:
+            raise OSError(f"cannot open trace file {str(self.path)!r} for appending: {error}") from None
+        self._lock = threading.Lock()
+
+    def write(self, episode: Episode) -> None:
+        line = episode.to_json() + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def task_settings(task: Any, task_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The task's constructor settings that rebuild it (``TASKS.make(name, **settings)``), JSON-safe.
+
+    The keyword arguments the env got, plus every constructor parameter the task keeps as an
+    attribute of the same name (e.g. arithmetic's ``levels``); ``data_dir`` is never recorded.
+    """
+    settings = {k: v for k, v in task_kwargs.items() if k != "data_dir"}
+    try:
+        parameters = inspect.signature(type(task).__init__).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    for name in parameters:
+        if name not in ("self", "data_dir") and name not in settings and hasattr(task, name):
+            settings[name] = getattr(task, name)
+    safe = {}
+    for name, value in settings.items():
+        value = list(value) if isinstance(value, tuple) else value
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            continue
+        safe[name] = value
+    return safe
+
+
+class EpisodeRecorder:
+    """Built by ``DeliberationEnv(trace=...)``: collects each round, writes the episode when it ends."""
+
+    def __init__(self, env: Any, trace: str | os.PathLike | TraceWriter, label: str | None,
+                 task_kwargs: dict[str, Any]):
+        if isinstance(trace, TraceWriter):
+            self.writer, self._owned = trace, False
+        elif isinstance(trace, (str, os.PathLike)):
+            self.writer, self._owned = TraceWriter(trace), True
+        else:
+            raise TypeError(f"trace must be a path or a TraceWriter, got {type(trace).__name__}")
+        if label is not None and not isinstance(label, str):
+            raise TypeError(f"trace_label must be a string, got {type(label).__name__}")
+        self.env, self.label = env, label
+        self._settings = task_settings(env.task, task_kwargs)
+        self._backends = tuple(_identity(b) for b in env.backends)
+        self._rounds: list[Round] = []
+        env.deliberation.request_log = []
+
+    def record_round(self, outcome: Any) -> None:
+        """Called at the end of reset (outcome None: round 0) and of every step."""
+        core = self.env.deliberation
+        if outcome is None:
+            self._rounds = []
+        requests: list[list[RequestRecord]] = [[] for _ in core.agents]
+        for agent, kind, prompt_tokens, completion_tokens in core.request_log:
+            requests[agent].append(RequestRecord(kind, prompt_tokens, completion_tokens))
+        core.request_log.clear()
+        actions = self.env._last_actions if outcome is not None else [None] * len(core.agents)
+        agents = tuple(
+            AgentRound(None if action is None else action.name, tuple(requests[i]), state.text, state.answer,
+                       bool(state.correct), float(state.confidence), state.confidence_source)
+            for i, (state, action) in enumerate(zip(core.agents, actions))
+        )
+        consensus = core.consensus()
+        self._rounds.append(Round(
+            index=core.round, agents=agents, consensus=consensus, consensus_correct=bool(core.grade(consensus)),
+            rewards=None if outcome is None else tuple(float(r) for r in outcome.rewards),
+            reward_components=None if outcome is None else tuple(
+                {k: float(v) for k, v in c.items()} for c in outcome.components),
+        ))
+        if outcome is not None and outcome.done:
+            problem = core.problem
+            self.writer.write(Episode(
+                task=self.env.task.name, task_settings=self._settings, split=self.env.split, problem_id=problem.id,
+                difficulty=problem.difficulty, seed=core._seed, label=self.label,
+                num_agents=core.config.num_agents, max_rounds=core.config.max_rounds,
+                backends=self._backends, rounds=tuple(self._rounds),
+            ))
+            self._rounds = []
+
+    def close(self) -> None:
+        if self._owned:
+            self.writer.close()
+
+
+def _identity(backend: Any) -> str:
+    identity = getattr(backend, "identity", None)
+    return str(identity()) if callable(identity) else repr(backend)
+
+
+# ---------------------------------------------------------------------------------------- reading
+def read_traces(path: str | os.PathLike) -> list[Episode]:
+    """Every episode of a trace file, in order; raises ``TraceError`` (file, line, problem) on a bad line.
+
+    Blank lines are allowed; nothing else is skipped.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise TraceError(f"{path}: cannot read the trace file: {error}") from None
+    episodes = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            episodes.append(episode_from_dict(json.loads(line)))
+        except json.JSONDecodeError as error:
+            raise TraceError(f"{path}:{number}: not a JSON line ({error.msg} at column {error.colno})") from None
+        except _Malformed as error:
+            raise TraceError(f"{path}:{number}: {error}") from None
+    return episodes
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _get(record: Any, key: str, kinds: tuple[type, ...], where: str, optional: bool = False) -> Any:
+    if not isinstance(record, dict):
+        raise _Malformed(f"{where or 'the line'} must be a JSON object, got {type(record).__name__}")
+    if key not in record:
+        raise _Malformed(f"missing field {where + '.' if where else ''}{key}")
+    value = record[key]
+    if value is None and optional:
+        return None
+    numeric = float in kinds and isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, bool) and bool not in kinds or not (isinstance(value, kinds) or numeric):
+        names = " or ".join(k.__name__ for k in kinds) + (" or null" if optional else "")
+        raise _Malformed(f"field {where + '.' if where else ''}{key} must be {names}, got {value!r:.60}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _Malformed(f"field {where + '.' if where else ''}{key} must be finite, got {value!r}")
+    return float(value) if numeric else value
+
+
+def episode_from_dict(record: Any) -> Episode:
+    """An ``Episode`` from one decoded JSON line (raises on anything malformed)."""
+    version = _get(record, "version", (int,), "")
+    if version != TRACE_VERSION:
+        raise _Malformed(f"trace format version {version} is not supported (this reader reads version {TRACE_VERSION})")
+    num_agents = _get(record, "num_agents", (int,), "")
+    if num_agents < 1:
+        raise _Malformed(f"num_agents must be >= 1, got {num_agents}")
+    backends = _get(record, "backends", (list,), "")
+    if len(backends) != num_agents or not all(isinstance(b, str) for b in backends):
+        raise _Malformed(f"backends must list one identity string per agent ({num_agents})")
+    raw_rounds = _get(record, "rounds", (list,), "")
+    if not raw_rounds:
+        raise _Malformed("rounds is empty: an episode has at least its solve round")
+    rounds = tuple(_round(r, i, num_agents) for i, r in enumerate(raw_rounds))
+    return Episode(
+        task=_get(record, "task", (str,), ""), task_settings=_get(record, "task_settings", (dict,), ""),
+        split=_get(record, "split", (str,), ""), problem_id=_get(record, "problem_id", (str,), ""),
+        difficulty=_get(record, "difficulty", (float,), "", optional=True), seed=_get(record, "seed", (int,), ""),
+        label=_get(record, "label", (str,), "", optional=True), num_agents=num_agents,
+        max_rounds=_get(record, "max_rounds", (int,), ""), backends=tuple(backends), rounds=rounds,
+        version=version, extra=_get(record, "extra", (dict,), "") if "extra" in record else {},
+    )
+
+
+def _round(record: Any, position: int, num_agents: int) -> Round:
+    where = f"rounds[{position}]"
+    index = _get(record, "index", (int,), where)
+    if index != position:
+        raise _Malformed(f"{where}.index is {index}; rounds must be numbered 0, 1, 2, ... in order")
+    raw_agents = _get(record, "agents", (list,), where)
+    if len(raw_agents) != num_agents:
+        raise _Malformed(f"{where}.agents has {len(raw_agents)} entries, expected num_agents = {num_agents}")
+    agents = tuple(_agent(a, f"{where}.agents[{i}]", position) for i, a in enumerate(raw_agents))
+    rewards = _get(record, "rewards", (list,), where, optional=True)
+    components = _get(record, "reward_components", (list,), where, optional=True)
+    if position > 0 and (rewards is None or components is None):
+        raise _Malformed(f"{where} needs rewards and reward_components (only round 0 has none)")
+    for name, values, kind in (("rewards", rewards, (int, float)), ("reward_components", components, (dict,))):
+        if values is not None and (len(values) != num_agents or not all(
+                isinstance(v, kind) and not isinstance(v, bool) for v in values)):
+            raise _Malformed(f"{where}.{name} must have one entry per agent ({num_agents})")
+    return Round(
+        index=index, agents=agents, consensus=_get(record, "consensus", (str,), where, optional=True),
+        consensus_correct=_get(record, "consensus_correct", (bool,), where),
+        rewards=None if rewards is None else tuple(float(r) for r in rewards),
+        reward_components=None if components is None else tuple(
+            {k: _get(c, k, (float,), f"{where}.reward_components") for k in c} for c in components),
+    )
+
+
+def _agent(record: Any, where: str, round_index: int) -> AgentRound:
+    action = _get(record, "action", (str,), where, optional=True)
+    if round_index == 0 and action is not None or round_index > 0 and action not in ACTIONS:
+        expected = "null in round 0" if round_index == 0 else f"one of {ACTIONS}"
+        raise _Malformed(f"{where}.action must be {expected}, got {action!r}")
+    requests = []
+    for j, raw in enumerate(_get(record, "requests", (list,), where)):
+        at = f"{where}.requests[{j}]"
+        kind = _get(raw, "kind", (str,), at)
+        if kind not in REQUEST_KINDS:
+            raise _Malformed(f"{at}.kind must be one of {REQUEST_KINDS}, got {kind!r}")
+        counts = [_get(raw, name, (int,), at) for name in ("prompt_tokens", "completion_tokens")]
+        if min(counts) < 0:
+            raise _Malformed(f"{at} has a negative token count")
+        requests.append(RequestRecord(kind, *counts))
+    confidence = _get(record, "confidence", (float,), where)
+    if not 0.0 <= confidence <= 1.0:
+        raise _Malformed(f"{where}.confidence must be in [0, 1], got {confidence}")
+    return AgentRound(
+        action=action, requests=tuple(requests), text=_get(record, "text", (str,), where),
+        answer=_get(record, "answer", (str,), where, optional=True), correct=_get(record, "correct", (bool,), where),
+        confidence=confidence, confidence_source=_get(record, "confidence_source", (str,), where),
+    )
