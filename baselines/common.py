@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -235,3 +236,32 @@ def seed_everything(seed: int, threads: int = 1) -> torch.Generator:
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, threads))
     return torch.Generator().manual_seed(seed)
+
+
+SMALL_NETWORK_PARAMETERS = 1_000_000
+"""Below this many parameters a forward pass is faster on one thread than on many (thread start-up dominates)."""
+
+
+def policy_threads(policy: nn.Module, threads: int | None = None) -> int | None:
+    """torch threads for ``policy``'s forward passes: ``threads`` when given; else 1 for a small network unless
+    $OMP_NUM_THREADS or $MKL_NUM_THREADS is set (the user chose); None: keep torch's setting."""
+    if threads is not None:
+        return max(1, int(threads))
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return None
+    return 1 if sum(p.numel() for p in policy.parameters()) < SMALL_NETWORK_PARAMETERS else None
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch threads (None: unchanged), then restore the previous count, so that a
+    local LLM in the same process keeps its own setting."""
+    previous = torch.get_num_threads()
+    if count is None or count == previous:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -8,8 +8,11 @@ import inspect
 import textwrap
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields
+from collections.abc import Collection
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+from deliberation_env.cli import BackendSettings
 
 
 @dataclass
@@ -19,7 +22,25 @@ class BaseConfig:
     task: str = "arithmetic"
     """deliberation_env task (ignored when train() gets an env_fn for another environment)."""
     backend: str = "sim"
-    """deliberation_env backend (e.g. sim; ignored with an env_fn)."""
+    """deliberation_env backend: sim, transformers or openai (ignored with an env_fn)."""
+    model: str | None = None
+    """transformers: a model folder, hub id, .gguf file or 'smollm2'; openai: the served model name."""
+    base_url: list[str] = field(default_factory=list)
+    """openai: the server URL(s), ending in /v1."""
+    cache: str | None = None
+    """A SQLite file that answers repeated LLM requests (one cache shared by every env)."""
+    dtype: str | None = None
+    """transformers: the weights' dtype (bfloat16, float16, float32, auto)."""
+    batch_size: int | None = None
+    """transformers: rows per generate batch."""
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    """Further constructor keywords of the backend (--backend-option KEY=VALUE)."""
+    max_tokens: int | None = None
+    """Tokens per solution or refinement (the env's max_tokens; default 512)."""
+    temperature: float | None = None
+    """Sampling temperature of solutions (the env's temperature; default 0.7)."""
+    data_dir: str | None = None
+    """Benchmark data folder (default: $DELIBERATION_ENV_DATA)."""
     num_agents: int = 3
     """Agents in the deliberation (ignored with an env_fn)."""
     max_rounds: int = 3
@@ -63,21 +84,40 @@ class BaseConfig:
             raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.num_envs < 1 or self.hidden < 1:
-            raise ValueError("num_envs and hidden must be >= 1")
+        for name in ("num_agents", "max_rounds", "num_envs", "hidden", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-def make_env_fn(cfg: BaseConfig, split: str = "train"):
-    """A factory of deliberation environments as the config describes."""
+def backend_settings(cfg: BaseConfig) -> BackendSettings:
+    """The backend a config describes (``build()`` makes it)."""
+    return BackendSettings(backend=cfg.backend, model=cfg.model, base_url=tuple(cfg.base_url), cache=cfg.cache,
+                           dtype=cfg.dtype, batch_size=cfg.batch_size, options=dict(cfg.backend_options))
+
+
+def env_kwargs(cfg: BaseConfig, split: str) -> dict[str, Any]:
+    """``deliberation_env.parallel_env`` keywords of the config, except the backend."""
+    kwargs: dict[str, Any] = {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds,
+                              "split": split, "data_dir": cfg.data_dir}
+    if cfg.token_cost:
+        kwargs["reward_weights"] = {"tokens": cfg.token_cost}
+    kwargs.update({name: getattr(cfg, name) for name in ("max_tokens", "temperature") if getattr(cfg, name) is not None})
+    return kwargs
+
+
+def make_env_fn(cfg: BaseConfig, split: str = "train", backend: Any = None):
+    """A factory of deliberation environments as the config describes. Every env it makes shares one backend
+    object (``backend``, else the config's, built on the first call), so a batch of envs is answered together."""
     import deliberation_env
 
-    options: dict[str, Any] = {}
-    if cfg.token_cost:
-        options["reward_weights"] = {"tokens": cfg.token_cost}
+    shared = [backend]
 
     def env_fn():
-        return deliberation_env.parallel_env(task=cfg.task, backend=cfg.backend, num_agents=cfg.num_agents,
-                                             max_rounds=cfg.max_rounds, split=split, **options)
+        if shared[0] is None:
+            shared[0] = backend_settings(cfg).build()
+        return deliberation_env.parallel_env(backend=shared[0], **env_kwargs(cfg, split))
 
     return env_fn
 
@@ -100,7 +140,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def _base_type(annotation: Any) -> tuple[type, bool]:
     """(scalar type, optional?) of a field annotation such as ``int``, ``str | None``."""
     if isinstance(annotation, str):
-        annotation = eval(annotation, {"typing": typing})  # annotations are postponed strings here
+        annotation = eval(annotation, {"typing": typing, "Any": Any})  # annotations are postponed strings here
     args = typing.get_args(annotation)
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         kinds = [a for a in args if a is not type(None)]
@@ -116,10 +156,12 @@ def _optional(kind: type):
     return parse
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One --flag per field of dataclass cls, help text from its docstring, default shown."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: Collection[str] = ()) -> None:
+    """One --flag per field of dataclass cls (except ``skip``), help text from its docstring, default shown."""
     docs = field_docs(cls)
     for f in fields(cls):
+        if f.name in skip:
+            continue
         kind, optional = _base_type(f.type)
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not MISSING else None
@@ -132,4 +174,5 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def config_from_args(cls: type, args: argparse.Namespace):
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+    """An instance of dataclass cls from the parsed flags of its fields."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})

@@ -24,55 +24,110 @@ import numpy as np
 import torch
 from scipy import stats
 
-from baselines.common import Policy, load_checkpoint, load_policy
+from baselines.common import Policy, load_policy, policy_threads, torch_threads
 from baselines.logger import read_metrics
 from baselines.protocols import PROTOCOLS, FixedProtocol, make_protocol
+from baselines.rollout import EnvPool
+from deliberation_env.cli import (
+    ArgumentParser,
+    add_backend_arguments,
+    backend_settings,
+    env_sampling_options,
+    nonnegative_int,
+    positive_int,
+    report_user_errors,
+    user_input,
+)
 
 ACTION_NAMES = ("persist", "refine", "concede")
 
 
 class PolicyActor:
-    """A learned policy behind the protocol interface ``reset(seed)`` / ``act(obs, infos)``."""
+    """A learned policy behind the protocol interface ``reset(seed)`` / ``act(obs, infos)``.
 
-    def __init__(self, policy: Policy, deterministic: bool = True):
+    Forward passes run on ``threads`` torch threads (default: one for a small network, see
+    ``baselines.common.policy_threads``); the process's own setting is restored after each."""
+
+    def __init__(self, policy: Policy, deterministic: bool = True, threads: int | None = None):
         self.policy, self.deterministic = policy, deterministic
         self.generator = torch.Generator().manual_seed(0)
+        self.threads = policy_threads(policy, threads)
 
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.generator.manual_seed(seed)
 
     def act(self, observations: dict[str, Any], infos: dict[str, Any]) -> dict[str, int]:
-        return self.policy.act(observations, self.deterministic, self.generator)
+        with torch_threads(self.threads):
+            return self.policy.act(observations, self.deterministic, self.generator)
 
 
-def play(env: Any, actor: PolicyActor | FixedProtocol, problems: int, seed: int,
-         index_option: str | None = "problem_index") -> dict[str, float]:
-    """One evaluation seed: accuracy (or score), tokens per problem and action shares."""
+Actor = PolicyActor | FixedProtocol
+
+
+def episode_seed(seed: int, index: int) -> int:
+    """The reset seed of test problem ``index`` under evaluation seed ``seed``."""
+    return seed * 100_003 + index
+
+
+def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequence[tuple[int, int]],
+                  index_option: str | None = "problem_index") -> list[dict[str, Any]]:
+    """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)``, env i acted on by
+    actor i, which is reset with the episode's seed: an episode's actions do not depend on the wave it is in.
+    Deliberation envs are answered together (``baselines.rollout.EnvPool``). One record per episode:
+    ``correct`` (None without ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``,
+    ``actions`` (a Counter) and ``agents``."""
+    pool = EnvPool(envs)
+    records: list[dict[str, Any]] = []
+    for start in range(0, len(episodes), len(envs)):
+        wave = list(episodes[start : start + len(envs)])
+        for actor, (seed, _) in zip(actors, wave):
+            actor.reset(seed)
+        options = [{index_option: index} if index_option else None for _, index in wave]
+        resets = pool.reset([seed for seed, _ in wave], options)
+        state = [{"obs": obs, "infos": infos, "reward": 0.0, "actions": Counter(),
+                  "tokens": sum(info.get("tokens", 0) for info in infos.values())} for obs, infos in resets]
+        while any(envs[e].agents for e in range(len(wave))):
+            chosen = [actors[e].act(state[e]["obs"], state[e]["infos"]) if envs[e].agents else None
+                      for e in range(len(wave))]
+            for e, result in enumerate(pool.step(chosen)):
+                if result is None:
+                    continue
+                record = state[e]
+                record["actions"].update(chosen[e].values())
+                record["obs"], rewards, _, _, record["infos"] = result
+                record["reward"] += sum(rewards.values())
+                record["tokens"] += sum(info.get("tokens", 0) for info in record["infos"].values())
+        for e, record in enumerate(state):
+            flags = [info["consensus_correct"] for info in record["infos"].values() if "consensus_correct" in info]
+            records.append({"correct": bool(flags[0]) if flags else None, "reward": record["reward"],
+                            "tokens": record["tokens"], "actions": record["actions"],
+                            "agents": max(1, len(envs[e].possible_agents))})
+    return records
+
+
+def seed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """One evaluation seed's accuracy (or NaN), score (mean per-agent return), tokens per problem, action shares."""
+    problems = len(records)
     correct, score, tokens, actions, has_flag = 0.0, 0.0, 0.0, Counter(), False
-    for index in range(problems):
-        episode_seed = seed * 100_003 + index
-        actor.reset(episode_seed)
-        options = {index_option: index} if index_option else None
-        obs, infos = env.reset(seed=episode_seed, options=options)
-        tokens += sum(info.get("tokens", 0) for info in infos.values())
-        total_reward = 0.0
-        agents = max(1, len(env.possible_agents))
-        while env.agents:
-            chosen = actor.act(obs, infos)
-            actions.update(chosen.values())
-            obs, rewards, _, _, infos = env.step(chosen)
-            total_reward += sum(rewards.values())
-            tokens += sum(info.get("tokens", 0) for info in infos.values())
-        flags = [info["consensus_correct"] for info in infos.values() if "consensus_correct" in info]
-        has_flag = has_flag or bool(flags)
-        correct += bool(flags[0]) if flags else 0.0
-        score += total_reward / agents
+    for record in records:
+        has_flag = has_flag or record["correct"] is not None
+        correct += bool(record["correct"])
+        score += record["reward"] / record["agents"]
+        tokens += record["tokens"]
+        actions.update(record["actions"])
     total = sum(actions.values()) or 1
     result = {"accuracy": correct / problems if has_flag else float("nan"), "score": score / problems,
               "tokens": tokens / problems}
     result.update({f"p_{name}": actions[i] / total for i, name in enumerate(ACTION_NAMES)})
     return result
+
+
+def play(env: Any, actor: Actor, problems: int, seed: int, index_option: str | None = "problem_index") -> dict[str, float]:
+    """One evaluation seed on one env, problem after problem: accuracy (or score), tokens per problem and
+    action shares (``evaluate_entries`` plays many problems at once and gives the same numbers)."""
+    episodes = [(episode_seed(seed, index), index) for index in range(problems)]
+    return seed_metrics(play_episodes([env], [actor], episodes, index_option))
 
 
 def summarize(name: str, runs: Sequence[dict[str, float]]) -> dict[str, Any]:
@@ -87,19 +142,37 @@ def summarize(name: str, runs: Sequence[dict[str, float]]) -> dict[str, Any]:
 
 
 def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[], Any]]], problems: int,
-                     seeds: Sequence[int], index_option: str | None = "problem_index") -> list[dict[str, Any]]:
-    """entries: (name, make_actor, make_env). Returns one summary row per entry."""
+                     seeds: Sequence[int], index_option: str | None = "problem_index", batch_size: int = 32,
+                     cache: Any = None) -> list[dict[str, Any]]:
+    """entries: (name, make_actor, make_env). Returns one summary row per entry.
+
+    Each entry plays its ``problems x len(seeds)`` episodes on ``batch_size`` envs at a time (one actor per
+    env), so a backend answers up to ``batch_size`` episodes per call; the numbers do not depend on
+    ``batch_size``. With ``cache`` (the ``CachedBackend`` the entries' envs share), each row also gets the
+    entry's ``cache_hits`` and ``cache_misses``."""
+    if problems < 1 or batch_size < 1 or not seeds:
+        raise ValueError(f"problems and batch_size must be >= 1 and seeds non-empty, got {problems}, {batch_size}, {seeds}")
+    episodes = [(episode_seed(seed, index), index) for seed in seeds for index in range(problems)]
     rows = []
     for name, make_actor, make_env in entries:
-        env = make_env()
-        rows.append(summarize(name, [play(env, make_actor(), problems, seed, index_option) for seed in seeds]))
-        env.close()
+        envs = [make_env() for _ in range(min(batch_size, len(episodes)))]
+        before = (cache.stats.hits, cache.stats.misses) if cache is not None else (0, 0)
+        records = play_episodes(envs, [make_actor() for _ in envs], episodes, index_option)
+        row = summarize(name, [seed_metrics(records[i * problems : (i + 1) * problems]) for i in range(len(seeds))])
+        if cache is not None:
+            row.update(cache_hits=cache.stats.hits - before[0], cache_misses=cache.stats.misses - before[1])
+        rows.append(row)
+        for env in envs:
+            env.close()
     return rows
 
 
 def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_kwargs: dict[str, Any],
-                     deterministic: bool = True) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
-    """Entries for learned checkpoints and named protocols on deliberation_env (``single`` with one agent)."""
+                     deterministic: bool = True,
+                     threads: int | None = None) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
+    """Entries for learned checkpoints and named protocols on deliberation_env: policies play with the number
+    of agents they were trained for, protocols with ``env_kwargs``'s (``single`` with one agent). Checkpoints
+    are loaded here, once (a missing file fails now); ``threads``: see ``PolicyActor``."""
     import deliberation_env
 
     def env_for(agents: int | None = None):
@@ -110,8 +183,9 @@ def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_
 
     entries = []
     for name, path in checkpoints.items():
-        agents = load_checkpoint(path)["layout"]["num_peers"] + 1
-        entries.append((name, lambda p=path: PolicyActor(load_policy(p), deterministic), env_for(agents)))
+        policy = load_policy(path)
+        agents = policy.layout.num_peers + 1
+        entries.append((name, lambda p=policy: PolicyActor(p, deterministic, threads), env_for(agents)))
     for proto in protocols:
         entries.append((proto, lambda p=proto: make_protocol(p), env_for(1 if proto == "single" else None)))
     return entries
@@ -152,17 +226,27 @@ def headless_pyplot():
 
 
 def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: str = "accuracy vs tokens") -> str:
+    """One point per row with its 95% intervals (accuracy intervals clipped to [0, 1]); names in a legend."""
     plt = headless_pyplot()
 
     key = "score" if all(np.isnan(r["accuracy"]) for r in rows) else "accuracy"
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for r in rows:
-        ax.errorbar(r["tokens"], r[key], xerr=r["tokens_ci"], yerr=r[f"{key}_ci"], fmt="o", capsize=3)
-        ax.annotate(r["name"], (r["tokens"], r[key]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    markers = "osD^vP*Xh<>p"
+    lows = []
+    for i, r in enumerate(rows):
+        value, half = r[key], r[f"{key}_ci"]
+        below, above = (min(half, value), min(half, 1.0 - value)) if key == "accuracy" else (half, half)
+        lows.append(value - below)
+        ax.errorbar(r["tokens"], value, xerr=r["tokens_ci"], yerr=[[max(0.0, below)], [max(0.0, above)]],
+                    fmt=markers[i % len(markers)], capsize=3, color=f"C{i % 10}", label=r["name"])
+    if key == "accuracy":
+        finite = [low for low in lows if np.isfinite(low)]
+        ax.set_ylim(max(0.0, min(finite, default=0.0) - 0.05), 1.02)
     ax.set_xlabel("tokens per problem")
     ax.set_ylabel(key)
     ax.set_title(title)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -204,33 +288,90 @@ def _named(items: Sequence[str]) -> dict[str, str]:
     return named
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _check_paths(named: dict[str, str], what: str) -> None:
+    for path in named.values():
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{what} {path!r} does not exist")
+
+
+PROG = "python -m baselines.evaluate"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoints", nargs="*", default=[], help="[name=]path of policy.pt checkpoints")
     parser.add_argument("--protocols", nargs="*", default=["all"], help=f"fixed protocols: all, none or some of {PROTOCOLS}")
-    parser.add_argument("--problems", type=int, default=200, help="test problems 0..P-1 (default 200)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="evaluation seeds (default 0 1)")
+    parser.add_argument("--problems", type=positive_int, default=200, help="test problems 0..P-1 (default 200)")
+    parser.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1], help="evaluation seeds (default 0 1)")
     parser.add_argument("--task", default="arithmetic")
-    parser.add_argument("--backend", default="sim")
+    parser.add_argument("--data-dir", default=None, help="benchmark data folder (default: $DELIBERATION_ENV_DATA)")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--max-rounds", type=int, default=3)
+    parser.add_argument("--max-rounds", type=positive_int, default=3)
+    parser.add_argument("--num-agents", type=positive_int, default=3,
+                        help="agents of the protocols (default 3; policies use their checkpoint's, single uses 1)")
+    parser.add_argument("--token-cost", type=float, default=0.0, help="the env's reward weight of tokens (scores only)")
+    parser.add_argument("--num-envs", type=positive_int, default=32,
+                        help="episodes played together, answered in one backend call per phase (default 32)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads of the policies' forward passes (default: 1 for small networks)")
     parser.add_argument("--sample", action="store_true", help="sample learned policies' actions instead of argmax")
     parser.add_argument("--metrics", nargs="*", default=[], help="[name=]run dir or metrics.jsonl for learning curves")
     parser.add_argument("--out", default="runs/eval", help="where table.md/.csv and the PNG plots go")
+    add_backend_arguments(parser.add_argument_group("LLM backend"))
+    return parser
+
+
+@report_user_errors(PROG)
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    import deliberation_env
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     protocols = list(PROTOCOLS) if args.protocols == ["all"] else [p for p in args.protocols if p != "none"]
-    env_kwargs = {"task": args.task, "backend": args.backend, "split": args.split, "max_rounds": args.max_rounds}
-    entries = standard_entries(_named(args.checkpoints), protocols, env_kwargs, deterministic=not args.sample)
-    if not entries:
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown:
+        parser.error(f"unknown protocol(s) {unknown}; choose all, none or some of {list(PROTOCOLS)}")
+    if not args.checkpoints and not protocols:
         parser.error("nothing to evaluate: give --checkpoints and/or --protocols")
-    rows = evaluate_entries(entries, args.problems, args.seeds)
+    with user_input():
+        checkpoints, metrics = _named(args.checkpoints), _named(args.metrics)
+        _check_paths(metrics, "--metrics")
+        backend = backend_settings(args).build()
+        env_kwargs = {"task": args.task, "backend": backend, "split": args.split, "max_rounds": args.max_rounds,
+                      "num_agents": args.num_agents, "data_dir": args.data_dir, **env_sampling_options(args)}
+        if args.token_cost:
+            env_kwargs["reward_weights"] = {"tokens": args.token_cost}
+        check_problem_count(deliberation_env.parallel_env(**env_kwargs), args.problems)
+        entries = standard_entries(checkpoints, protocols, env_kwargs, deterministic=not args.sample,
+                                   threads=args.threads)
+        os.makedirs(args.out, exist_ok=True)
+    rows = evaluate_entries(entries, args.problems, args.seeds, batch_size=args.num_envs,
+                            cache=backend if args.cache else None)
     print(save_table(rows, args.out))
+    if args.cache:
+        print(cache_line(rows, backend))
     plot_accuracy_vs_tokens(rows, os.path.join(args.out, "accuracy_vs_tokens.png"))
-    if args.metrics:
-        plot_learning_curves(_named(args.metrics), os.path.join(args.out, "learning_curves.png"))
-    print(f"saved {args.out}/table.md, table.csv, accuracy_vs_tokens.png"
-          + (", learning_curves.png" if args.metrics else ""))
+    if metrics:
+        plot_learning_curves(metrics, os.path.join(args.out, "learning_curves.png"))
+    print(f"saved {args.out}/table.md, table.csv, accuracy_vs_tokens.png" + (", learning_curves.png" if metrics else ""))
+    close = getattr(backend, "close", None)
+    if callable(close):
+        close()
     return rows
+
+
+def check_problem_count(env: Any, problems: int) -> None:
+    """ValueError when the env's split has fewer than ``problems`` problems."""
+    available = len(env.problems)
+    if problems > available:
+        raise ValueError(f"{problems} problems asked for, but task {env.task.name!r} has only {available} in split "
+                         f"{env.split!r}; ask for at most {available}")
+
+
+def cache_line(rows: Sequence[dict[str, Any]], backend: Any) -> str:
+    """``cache FILE: entry H hits / M misses, ...`` (round-0 generations are shared between entries)."""
+    parts = [f"{r['name']} {r['cache_hits']} hits / {r['cache_misses']} misses" for r in rows if "cache_hits" in r]
+    return f"cache {backend.path}: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 They differ only in how a group's returns become advantages; everything else is here:
 sample ``groups_per_batch`` problems (reset seeds), play each ``group_size`` times with the
-current policy, turn returns into advantages, then ``epochs`` passes of minibatch updates on
+current policy (the last batch has only the groups left in the budget, which is rounded down
+to whole groups), turn returns into advantages, then ``epochs`` passes of minibatch updates on
 
     loss = -mean(min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A))
            + kl_coef * mean(KL(pi || pi_ref)) - ent_coef * mean(H(pi))
@@ -134,10 +135,12 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
     logger = MetricsLogger(out, cfg.tensorboard)
-    bar = progress_bar(cfg.episodes, algo, cfg.progress)
+    budget = cfg.episodes // cfg.group_size * cfg.group_size  # whole groups, never past --episodes
+    bar = progress_bar(budget, algo, cfg.progress)
     done = 0
-    while done < cfg.episodes:
-        seeds = rng.integers(0, 2**31 - 1, size=cfg.groups_per_batch)
+    while done < budget:
+        groups = min(cfg.groups_per_batch, (budget - done) // cfg.group_size)  # the last batch may be smaller
+        seeds = rng.integers(0, 2**31 - 1, size=groups)
         specs = [EpisodeSpec(int(seed), g) for g, seed in enumerate(seeds) for _ in range(cfg.group_size)]
         ro = collect(envs, layout, policy, specs, generator, cfg.reward_scale)
         advantages = advantages_fn(ro)

@@ -3,7 +3,8 @@
 Every agent is an independent learner using one shared actor. The critic is either local
 (the same architecture as the actor, over the agent's own observation) or, with
 ``--centralized-critic``, an MLP over the global state: ``env.state()`` when the environment
-implements it, else the concatenation of all agents' observations (MAPPO). Advantages are
+implements it, else the concatenation of all agents' observations, followed by a one-hot of
+the agent's index (MAPPO: one critic, one value per agent, for per-agent returns). Advantages are
 GAE(gamma, lambda) over each agent's trajectory of its own rewards (``--credit round``), or,
 with ``--credit episode``, the agent's episode return minus the value, for every round.
 Episode ends (terminations or truncations) are treated as terminal. The actor loss is the
@@ -81,6 +82,13 @@ def gae(ro: Rollouts, values: np.ndarray, cfg: PPOConfig) -> tuple[np.ndarray, n
     return advantages, advantages + values
 
 
+def centralized_input(ro: Rollouts, num_agents: int) -> torch.Tensor:
+    """The centralised critic's input per transition: the global state, then the one-hot agent index (without
+    it every agent of a state would get the same value, though their returns differ)."""
+    identity = np.eye(num_agents, dtype=np.float32)[ro.agent]
+    return torch.from_numpy(np.concatenate([ro.state.astype(np.float32), identity], axis=1))
+
+
 def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     """Train, save ``<out>/policy.pt`` (the actor), return the actor."""
     cfg.validate()
@@ -90,9 +98,10 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     envs = [env_fn() for _ in range(min(cfg.num_envs, cfg.episodes_per_batch))]
     layout = agent_layout(envs[0])
     policy = Policy(layout, cfg.hidden)
+    num_agents = len(envs[0].possible_agents)
     if cfg.centralized_critic:
         obs, _ = envs[0].reset(seed=cfg.seed)
-        critic: torch.nn.Module = mlp(len(global_state(envs[0], layout, obs)), cfg.hidden, 1)
+        critic: torch.nn.Module = mlp(len(global_state(envs[0], layout, obs)) + num_agents, cfg.hidden, 1)
     else:
         critic = build_network(layout, 1, cfg.hidden)
     params = list(policy.parameters()) + list(critic.parameters())
@@ -102,11 +111,11 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     bar = progress_bar(cfg.episodes, "ppo", cfg.progress)
     done = 0
     while done < cfg.episodes:
-        seeds = rng.integers(0, 2**31 - 1, size=cfg.episodes_per_batch)
+        seeds = rng.integers(0, 2**31 - 1, size=min(cfg.episodes_per_batch, cfg.episodes - done))  # never past the budget
         specs = [EpisodeSpec(int(s), i) for i, s in enumerate(seeds)]
         ro = collect(envs, layout, policy, specs, generator, cfg.reward_scale, want_state=cfg.centralized_critic)
         x, mask = torch.from_numpy(ro.obs), torch.from_numpy(ro.mask)
-        critic_in = torch.from_numpy(ro.state) if cfg.centralized_critic else x
+        critic_in = centralized_input(ro, num_agents) if cfg.centralized_critic else x
         with torch.no_grad():
             values = critic(critic_in).squeeze(-1).double().numpy()
         adv, returns = gae(ro, values, cfg)

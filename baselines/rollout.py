@@ -2,9 +2,12 @@
 
 ``collect`` plays a list of episodes, each given by a reset seed (plus optional reset options)
 and a group id, on a pool of environments stepped in lockstep: one batched forward pass of the
-shared policy per round for every live agent of every environment. Episodes of one group use
-the same seed, so they start from the same state and differ only in the sampled actions (and
-in whatever randomness the environment draws after them).
+shared policy per round for every live agent of every environment. Deliberation envs are
+reset and stepped together through ``deliberation_env.vector.BatchedEnvs`` (one ``generate``
+call per distinct backend per phase for the whole pool; envs sharing one backend object share
+its calls); other PettingZoo envs are stepped one by one. Episodes of one group use the same
+seed, so they start from the same state and differ only in the sampled actions (and in
+whatever randomness the environment draws after them).
 """
 
 from __future__ import annotations
@@ -18,8 +21,33 @@ import torch
 from pettingzoo import ParallelEnv
 
 from baselines.common import ObsLayout, Policy, encode, stack
+from deliberation_env.env import DeliberationEnv
+from deliberation_env.vector import BatchedEnvs
 
 CREDITS = ("episode", "round")
+
+
+class EnvPool:
+    """Resets and steps the first n of a list of envs together: through ``BatchedEnvs`` (one backend call per
+    phase for all of them) when every env is a ``DeliberationEnv``, else one env after the other."""
+
+    def __init__(self, envs: Sequence[Any]):
+        self.envs = list(envs)
+        self.batched = all(isinstance(env, DeliberationEnv) for env in self.envs)
+
+    def reset(self, seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None]) -> list[tuple[Any, Any]]:
+        """Reset ``envs[:len(seeds)]``; one (observations, infos) per env."""
+        envs = self.envs[: len(seeds)]
+        if self.batched:
+            return BatchedEnvs(envs).reset(seeds, options)
+        return [env.reset(seed=seed, options=option) for env, seed, option in zip(envs, seeds, options)]
+
+    def step(self, actions: Sequence[dict[str, Any] | None]) -> list[tuple[Any, ...] | None]:
+        """Step ``envs[i]`` with ``actions[i]`` where it is not None; None for the others."""
+        envs = self.envs[: len(actions)]
+        if self.batched:
+            return BatchedEnvs(envs).step(actions)
+        return [env.step(action) if action is not None else None for env, action in zip(envs, actions)]
 
 
 @dataclass
@@ -78,12 +106,13 @@ def collect(
     rows: dict[str, list[Any]] = {k: [] for k in ("obs", "mask", "actions", "logp", "rewards", "episode", "group",
                                                    "agent", "step", "labels", "state")}
     summaries: list[dict[str, Any]] = []
+    pool = EnvPool(envs)
     for start in range(0, len(specs), len(envs)):
         wave = list(specs[start : start + len(envs)])
         obs, infos, live, base = {}, {}, [], start
-        for e, spec in enumerate(wave):
+        for e, (spec, (obs[e], infos[e])) in enumerate(zip(wave, pool.reset([s.seed for s in wave],
+                                                                             [s.options for s in wave]))):
             env = envs[e]
-            obs[e], infos[e] = env.reset(seed=spec.seed, options=spec.options)
             agents = list(env.possible_agents)
             summaries.append({"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
                               "returns": dict.fromkeys(agents, 0.0), "tokens": _tokens(infos[e]),
@@ -120,10 +149,11 @@ def collect(
             rows["mask"].append(mask.numpy())
             rows["actions"].append(actions.numpy())
             rows["logp"].append(logp.numpy())
+            results = pool.step([chosen.get(e) for e in range(len(wave))])
             still = []
             for e in live:
                 env, summary = envs[e], summaries[base + e]
-                obs[e], rewards, terms, truncs, infos[e] = env.step(chosen[e])
+                obs[e], rewards, terms, truncs, infos[e] = results[e]
                 for a, act in chosen[e].items():
                     reward = float(rewards.get(a, 0.0)) * reward_scale
                     rows["rewards"].append(reward)

@@ -4,7 +4,7 @@
    default, for broad state coverage) and record, for every agent and round, the label the
    environment gives in ``infos[agent][label_key]`` (deliberation_env: ``oracle_action``).
 2. Fit the shared policy by cross-entropy on (observation, label) pairs, ``epochs`` passes of
-   minibatches of ``batch_size``. Rows whose label is missing or masked are dropped.
+   minibatches of ``minibatch_size``. Rows whose label is missing or masked are dropped.
 
     python -m baselines.train --algo sft --episodes 2000
 """
@@ -37,15 +37,15 @@ class SFTConfig(BaseConfig):
     """Data-collection policy: 'random' (uniform legal actions) or 'policy' (the network being trained, sampled)."""
     epochs: int = 15
     """Passes over the labelled data."""
-    batch_size: int = 256
-    """Minibatch size of the cross-entropy steps."""
+    minibatch_size: int = 256
+    """Rows per cross-entropy step."""
 
     def validate(self) -> None:
         super().validate()
         if self.behaviour not in ("random", "policy"):
             raise ValueError(f"behaviour must be 'random' or 'policy', got {self.behaviour!r}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be >= 1")
+        if self.epochs < 1 or self.minibatch_size < 1:
+            raise ValueError("epochs and minibatch_size must be >= 1")
 
 
 def train(cfg: SFTConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
@@ -76,7 +76,7 @@ def train(cfg: SFTConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     logger.log(0, {f"data_{k}": v for k, v in rollout_metrics(ro, cfg.reward_scale).items()})
     for epoch in range(cfg.epochs):
         losses = []
-        for rows in torch.randperm(len(y), generator=generator).split(cfg.batch_size):
+        for rows in torch.randperm(len(y), generator=generator).split(cfg.minibatch_size):
             loss = torch.nn.functional.cross_entropy(policy(x[rows], mask[rows]), y[rows])
             optimizer.zero_grad()
             loss.backward()

@@ -1,7 +1,7 @@
 """SoftRankPO: rank-based advantages mapped through normal quantiles (MPDF, arXiv 2509.03817).
 
-The paper does not publish the equations; this is the reconstruction of
-/work/shared/docs/METHOD.md, implemented as follows. For a comparison group of K returns
+The paper does not publish the equations; this is the reconstruction described in the
+project's ``docs/method.md``, implemented as follows. For a comparison group of K returns
 (K rollouts of one problem: the same reset seed, differing only in sampled actions):
 
 1. rank the returns, 1..K, average ranks for ties (values closer than 1e-9 of the group's
@@ -38,6 +38,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from baselines.common import Policy
+from baselines.config import make_env_fn
 from baselines.group_trainer import GroupConfig, train_grouped
 from baselines.rollout import Rollouts, agent_returns, grouped_apply
 from baselines.sft import SFTConfig
@@ -108,6 +109,7 @@ def train(cfg: SoftRankPOConfig, env_fn: Callable[[], Any] | None = None) -> Pol
     if cfg.sft_init is not None:
         cfg = replace(cfg, init=cfg.sft_init, sft_init=None)
     out = cfg.out or f"runs/softrankpo-seed{cfg.seed}"
+    env_fn = env_fn or make_env_fn(cfg)  # one backend for both stages
     policy = reference = None
     if cfg.init is None and cfg.sft_episodes > 0:
         sft_cfg = SFTConfig(**{k: getattr(cfg, k) for k in SFTConfig.__dataclass_fields__ if hasattr(cfg, k)

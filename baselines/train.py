@@ -4,6 +4,9 @@
     python -m baselines.train --algo grpo --episodes 4000 --seed 1 --out runs/grpo1 --reward-scale 10
     python -m baselines.train --algo ppo --help          # every field of that algorithm's config
 
+    python -m baselines.train --algo sft --backend transformers --model smollm2 --cache runs/smol.sqlite
+    python -m baselines.train --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME --max-tokens 256
+
 Algorithms: softrankpo (SFT stage, then SoftRankPO), grpo, ppo (+ --centralized-critic for
 MAPPO), magrpo, sft. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
 <out>/policy.pt (``baselines.common.load_policy``); then, unless --no-evaluate, evaluates the
@@ -22,8 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baselines.common import Policy
-from baselines.config import add_config_arguments, config_from_args
+from baselines.common import Policy, load_checkpoint
+from baselines.config import add_config_arguments, backend_settings, config_from_args, env_kwargs, make_env_fn
+from deliberation_env.cli import (
+    BACKEND_FLAGS,
+    ArgumentParser,
+    add_backend_arguments,
+    cache_report,
+    report_user_errors,
+    user_input,
+)
+
+PROG = "python -m baselines.train"
 
 ALGORITHMS: dict[str, tuple[str, str]] = {
     "softrankpo": ("baselines.softrankpo", "SoftRankPOConfig"),
@@ -45,6 +58,11 @@ class EvalOptions:
     eval_seeds: int = 2
     """Evaluation seeds 0..n-1 (confidence intervals are across these)."""
 
+    def validate(self) -> None:
+        """Raise ValueError on counts below 1."""
+        if self.eval_problems < 1 or self.eval_seeds < 1:
+            raise ValueError(f"eval_problems and eval_seeds must be >= 1, got {self.eval_problems}, {self.eval_seeds}")
+
 
 def config_class(algo: str) -> type:
     """The config dataclass of an algorithm; ValueError for unknown names."""
@@ -61,17 +79,20 @@ def run(algo: str, cfg: Any, env_fn: Callable[[], Any] | None = None) -> Policy:
     return importlib.import_module(ALGORITHMS[algo][0]).train(cfg, env_fn)
 
 
-def build_parser(algo: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m baselines.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(algo: str) -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="softrankpo",
                         help="training algorithm (default: softrankpo); --help after --algo X lists X's fields")
-    add_config_arguments(parser.add_argument_group(f"{algo} config"), config_class(algo))
+    add_config_arguments(parser.add_argument_group(f"{algo} config"), config_class(algo), skip=BACKEND_FLAGS)
+    add_backend_arguments(parser.add_argument_group("LLM backend (one backend object shared by every env)"))
     add_config_arguments(parser.add_argument_group("after training"), EvalOptions)
     return parser
 
 
-def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions) -> str:
+def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: Any = None) -> str:
+    """Evaluate ``<out>/policy.pt`` (and ``<out>/sft/policy.pt``) and the fixed protocols on the test split with
+    the training env's settings (agents, rounds, token cost, sampling; ``single`` keeps one agent); save the
+    table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
     from baselines import evaluate
     from baselines.protocols import PROTOCOLS
 
@@ -79,16 +100,21 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions) -> str:
     if os.path.exists(os.path.join(out, "sft", "policy.pt")):
         checkpoints["sft"] = os.path.join(out, "sft", "policy.pt")
     checkpoints[algo] = os.path.join(out, "policy.pt")
-    env_kwargs = {"task": cfg.task, "backend": cfg.backend, "split": "test", "max_rounds": cfg.max_rounds}
-    entries = evaluate.standard_entries(checkpoints, PROTOCOLS, env_kwargs)
-    rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)))
+    backend = backend if backend is not None else backend_settings(cfg).build()
+    kwargs = {**env_kwargs(cfg, "test"), "backend": backend}
+    entries = evaluate.standard_entries(checkpoints, PROTOCOLS, kwargs, threads=cfg.threads)
+    rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)),
+                                     batch_size=cfg.num_envs, cache=backend if cfg.cache else None)
     table = evaluate.save_table(rows, os.path.join(out, "eval"))
+    if cfg.cache:
+        table += "\n\n" + evaluate.cache_line(rows, backend)
     evaluate.plot_accuracy_vs_tokens(rows, os.path.join(out, "eval", "accuracy_vs_tokens.png"))
     runs = {algo: out, **({"sft": os.path.join(out, "sft")} if "sft" in checkpoints and algo != "sft" else {})}
     evaluate.plot_learning_curves({algo: out} if algo == "sft" else runs, os.path.join(out, "eval", "learning_curves.png"))
     return table
 
 
+@report_user_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> Policy:
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -96,24 +122,44 @@ def main(argv: Sequence[str] | None = None) -> Policy:
     algo = pre.parse_known_args(argv)[0].algo
     if algo not in ALGORITHMS:
         build_parser("softrankpo").parse_args(argv)  # argparse reports the invalid choice and exits
-    args = build_parser(algo).parse_args(argv)
+    parser = build_parser(algo)
+    args = parser.parse_args(argv)
     cfg = config_from_args(config_class(algo), args)
     options = config_from_args(EvalOptions, args)
     if not cfg.out:
         cfg = replace(cfg, out=os.path.join("runs", f"{algo}-seed{cfg.seed}"))
     try:
         cfg.validate()
+        options.validate()
     except ValueError as error:
-        build_parser(algo).error(str(error))
+        parser.error(str(error))
+    for name in ("init", "reference", "sft_init"):  # checkpoints to start from: a missing one fails now
+        if getattr(cfg, name, None):
+            with user_input(f"--{name.replace('_', '-')}"):
+                load_checkpoint(getattr(cfg, name))
+    with user_input():
+        backend = backend_settings(cfg).build()
+        env_fn = make_env_fn(cfg, "train", backend)
+        env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
+        if options.evaluate:
+            from baselines.evaluate import check_problem_count
+
+            check_problem_count(make_env_fn(cfg, "test", backend)(), options.eval_problems)
+        os.makedirs(cfg.out, exist_ok=True)
     start = time.time()
-    policy = run(algo, cfg)
+    policy = run(algo, cfg, env_fn)
     print(f"trained {algo} in {time.time() - start:.0f}s -> {os.path.join(cfg.out, 'policy.pt')}")
+    if cfg.cache:
+        print(cache_report(backend))
     if options.evaluate:
         start = time.time()
-        table = evaluate_run(algo, cfg, cfg.out, options)
+        table = evaluate_run(algo, cfg, cfg.out, options, backend)
         print(f"\nTest split, {options.eval_problems} problems x {options.eval_seeds} seeds "
               f"(mean ± 95% CI across seeds; evaluated in {time.time() - start:.0f}s):\n{table}")
         print(f"saved {os.path.join(cfg.out, 'eval')}/table.md, table.csv, accuracy_vs_tokens.png, learning_curves.png")
+    close = getattr(backend, "close", None)
+    if callable(close):
+        close()
     return policy
 
 

@@ -3,6 +3,8 @@
     python -m deliberation_env.demo                       # arithmetic task, sim backend
     python -m deliberation_env.demo --policy threshold --episodes 5 --show-text
     python -m deliberation_env.demo --task gsm8k --data-dir ../shared/data
+    python -m deliberation_env.demo --backend transformers --model smollm2 --max-tokens 128 --episodes 1
+    python -m deliberation_env.demo --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME
 """
 
 from __future__ import annotations
@@ -13,7 +15,20 @@ import textwrap
 import numpy as np
 
 import deliberation_env
+from deliberation_env.cli import (
+    ArgumentParser,
+    add_backend_arguments,
+    backend_settings,
+    env_sampling_options,
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+    report_user_errors,
+    user_input,
+)
 from deliberation_env.core.deliberation import Action
+
+PROG = "python -m deliberation_env.demo"
 
 POLICIES = ("random", "persist", "refine", "threshold")
 
@@ -32,22 +47,25 @@ def choose(policy: str, observation: dict, info: dict, rng: np.random.Generator,
     return int(Action.CONCEDE if mask[Action.CONCEDE] else Action.REFINE)
 
 
+@report_user_errors(PROG)
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="arithmetic", help="task name (default: arithmetic)")
-    parser.add_argument("--backend", default="sim", help="backend name (default: sim)")
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (else $DELIBERATION_ENV_DATA)")
-    parser.add_argument("--episodes", type=int, default=3)
-    parser.add_argument("--agents", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--episodes", type=positive_int, default=3)
+    parser.add_argument("--agents", "--num-agents", dest="agents", type=positive_int, default=3)
+    parser.add_argument("--rounds", "--max-rounds", dest="rounds", type=positive_int, default=3)
     parser.add_argument("--policy", choices=POLICIES, default="random")
-    parser.add_argument("--threshold", type=float, default=0.7, help="confidence threshold of --policy threshold")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threshold", type=nonnegative_float, default=0.7, help="confidence threshold of --policy threshold")
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
     parser.add_argument("--show-text", action="store_true", help="print each agent's latest text")
+    add_backend_arguments(parser.add_argument_group("LLM backend"))
     args = parser.parse_args(argv)
 
-    env = deliberation_env.parallel_env(task=args.task, backend=args.backend, num_agents=args.agents,
-                                        max_rounds=args.rounds, data_dir=args.data_dir, render_mode="ansi")
+    with user_input():
+        env = deliberation_env.parallel_env(task=args.task, backend=backend_settings(args).build(),
+                                            num_agents=args.agents, max_rounds=args.rounds, data_dir=args.data_dir,
+                                            render_mode="ansi", **env_sampling_options(args))
     rng = np.random.default_rng(args.seed)
     solved, tokens = 0, 0
     for episode in range(args.episodes):
@@ -72,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  final consensus {final['consensus']!r}: {'correct' if final['consensus_correct'] else 'wrong'}; "
               f"{episode_tokens} tokens")
     print(f"\n{solved}/{args.episodes} solved, {tokens / args.episodes:.0f} tokens per problem (policy: {args.policy})")
+    env.close()
 
 
 if __name__ == "__main__":

