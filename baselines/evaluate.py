@@ -226,7 +226,17 @@ def headless_pyplot():
 
 
 def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: str = "accuracy vs tokens") -> str:
-    """One point per row with its 95% intervals (accuracy intervals clipped to [0, 1]); names in a legend."""
+    """Save ``accuracy_vs_tokens_figure(rows, title)`` as a PNG."""
+    plt = headless_pyplot()
+    fig = accuracy_vs_tokens_figure(rows, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_tokens_figure(rows: Sequence[dict[str, Any]], title: str = "accuracy vs tokens"):
+    """One point per row with its 95% intervals (accuracy intervals clipped to [0, 1], y axis within
+    [0, 1.02]); names in a legend beside the axes, so they never overlap."""
     plt = headless_pyplot()
 
     key = "score" if all(np.isnan(r["accuracy"]) for r in rows) else "accuracy"
@@ -248,9 +258,7 @@ def plot_accuracy_vs_tokens(rows: Sequence[dict[str, Any]], path: str, title: st
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accuracy", smooth: int = 10) -> str:
@@ -271,7 +279,8 @@ def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accurac
             ax.plot(steps, values, color=line.get_color(), alpha=0.2, linewidth=0.8)
     ax.set_xlabel("training episodes")
     ax.set_ylabel(metric + " (training rollouts)")
-    ax.legend(fontsize=8)
+    if ax.get_lines():
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
