@@ -79,6 +79,7 @@ class Episode:
     num_agents: int
     max_rounds: int
     backends: tuple[str, ...]
+    options: dict[str, Any]
     rounds: tuple[Round, ...]
     version: int = TRACE_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +158,8 @@ class EpisodeRecorder:
         self.env, self.label = env, label
         self._settings = task_settings(env.task, task_kwargs)
         self._backends = tuple(_identity(b) for b in env.backends)
+        self._options = {k: v for k, v in asdict(env.config).items() if k not in ("num_agents", "max_rounds")}
+        self._options["reward_weights"] = dict(self._options["reward_weights"])
         self._rounds: list[Round] = []
         env.deliberation.request_log = []
 
@@ -188,7 +191,7 @@ class EpisodeRecorder:
                 task=self.env.task.name, task_settings=self._settings, split=self.env.split, problem_id=problem.id,
                 difficulty=problem.difficulty, seed=core._seed, label=self.label,
                 num_agents=core.config.num_agents, max_rounds=core.config.max_rounds,
-                backends=self._backends, rounds=tuple(self._rounds),
+                backends=self._backends, options=self._options, rounds=tuple(self._rounds),
             ))
             self._rounds = []
 
@@ -269,7 +272,8 @@ def episode_from_dict(record: Any) -> Episode:
         split=_get(record, "split", (str,), ""), problem_id=_get(record, "problem_id", (str,), ""),
         difficulty=_get(record, "difficulty", (float,), "", optional=True), seed=_get(record, "seed", (int,), ""),
         label=_get(record, "label", (str,), "", optional=True), num_agents=num_agents,
-        max_rounds=_get(record, "max_rounds", (int,), ""), backends=tuple(backends), rounds=rounds,
+        max_rounds=_get(record, "max_rounds", (int,), ""), backends=tuple(backends),
+        options=_get(record, "options", (dict,), ""), rounds=rounds,
         version=version, extra=_get(record, "extra", (dict,), "") if "extra" in record else {},
     )
 
