@@ -116,3 +116,19 @@ def test_text_form_does_not_give_correctness_away(name, data_dir):
             assert shape[:2] == right[:2], (problem.id, wrong)  # steps, equations
             compared += 1
     assert compared > 100
+
+
+def test_sim_answer_logprobs_confidence_is_informative_and_costs_no_critic_call():
+    env = deliberation_env.parallel_env(backend="sim", confidence="answer_logprobs")
+    critic_env = deliberation_env.parallel_env(backend="sim")
+    right, wrong = [], []
+    for seed in range(150):
+        _, infos = env.reset(seed=seed)
+        _, critic_infos = critic_env.reset(seed=seed)
+        for agent, info in infos.items():
+            assert info["confidence_source"] in ("answer_logprobs", "default") or info["answer"] is None
+            assert info["answer"] == critic_infos[agent]["answer"]  # same solutions: the draw comes last
+            assert info["tokens"] < critic_infos[agent]["tokens"]  # no critic call
+            if info["answer"] is not None:
+                (right if info["correct"] else wrong).append(info["confidence"])
+    assert np.mean(right) > np.mean(wrong) + 0.1

@@ -245,7 +245,30 @@ class SimBackend:
             text = "I'm not sure about this one, but here is my attempt.\n" + text
         mean = cfg.solve_tokens if request.kind == "solve" else cfg.refine_tokens
         tokens = max(16, int(rng.gauss(mean * (0.7 + 0.6 * difficulty), mean * 0.2)))
-        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=min(tokens, request.max_tokens))
+        token_logprobs = self._answer_token_logprobs(request, text, answer, right, rng) if request.token_logprobs else None
+        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=min(tokens, request.max_tokens),
+                          token_logprobs=token_logprobs)
+
+    def _answer_token_logprobs(self, request: Request, text: str, answer: str | None, right: bool,
+                               rng: random.Random) -> tuple[tuple[str, float], ...]:
+        """For ``confidence="answer_logprobs"``: the text as three pieces, the answer's last occurrence carrying
+        log(confidence), the confidence drawn as the critic's would be for this answer (drawn last, so the
+        request's other draws are the same as without it)."""
+        confidence = self._confidence(request.agent, answer, right, rng)
+        start = text.rfind(answer) if answer else -1
+        if start < 0:
+            return ((text, math.log(confidence)),)
+        end = start + len(answer)  # type: ignore[arg-type]
+        pieces = ((text[:start], 0.0), (text[start:end], math.log(confidence)), (text[end:], 0.0))
+        return tuple(piece for piece in pieces if piece[0])
+
+    def _confidence(self, agent: int, answer: str | None, right: bool, rng: random.Random) -> float:
+        """The confidence a critic gives an answer: informative, noisy, over-confident for some agents."""
+        cfg = self.config
+        if answer is None:
+            return 0.15
+        mean = (cfg.confidence_right if right else cfg.confidence_wrong) + cfg.overconfidence[agent % len(cfg.overconfidence)]
+        return min(0.99, max(0.01, rng.gauss(mean, cfg.confidence_noise)))
 
     def _wrong(self, context, rng: random.Random) -> str | None:
         cfg = self.config
@@ -263,13 +286,7 @@ class SimBackend:
     def _critic(self, request: Request, rng: random.Random, prompt_tokens: int) -> Completion:
         cfg, context = self.config, request.context
         assert context is not None
-        if context.own_answer is None:
-            confidence = 0.15
-        else:
-            mean = cfg.confidence_right if context.own_correct else cfg.confidence_wrong
-            mean += cfg.overconfidence[request.agent % len(cfg.overconfidence)]
-            confidence = rng.gauss(mean, cfg.confidence_noise)
-        confidence = min(0.99, max(0.01, confidence))
+        confidence = self._confidence(request.agent, context.own_answer, context.own_correct, rng)
         verdict = "Yes" if confidence >= 0.5 else "No"
         text = f"{verdict}\nConfidence: {confidence:.2f}"
         tokens = max(4, int(rng.gauss(cfg.critic_tokens, 2)))
