@@ -47,7 +47,7 @@ def test_bad_split_and_bad_files(task, tmp_path, monkeypatch):
     good = {"task_id": "T/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
             "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
     bad_rows = {
-        "not valid JSON": [json.dumps(good), "{oops"],
+        "invalid JSON": [json.dumps(good), "{oops"],
         r"missing or non-string field\(s\) \['test'\]": [json.dumps(good), json.dumps({**good, "test": 3})],
         "expected a JSON object": [json.dumps([1, 2])],
     }
@@ -62,12 +62,79 @@ def test_bad_split_and_bad_files(task, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="DELIBERATION_ENV_DATA.*humaneval/HumanEval.jsonl.gz.*openai_humaneval"):
         HumanEvalTask(data_dir=empty).problems("test")
     monkeypatch.delenv("DELIBERATION_ENV_DATA", raising=False)
+    monkeypatch.setenv("DELIBERATION_ENV_CACHE", str(tmp_path / "cache"))  # not the user's cached download
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(FileNotFoundError, match="DELIBERATION_ENV_DATA.*HumanEval.jsonl.gz.*openai/openai_humaneval"):
         HumanEvalTask().problems("test")
 
 
+def test_unreadable_data_files_name_the_file_line_and_fix(tmp_path):
+    (tmp_path / "humaneval").mkdir()
+    path = tmp_path / FILE
+    good = json.dumps({"task_id": "T/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
+                       "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"})
+    whole = gzip.compress((good + "\n").encode() * 50, mtime=0)
+    cases = {
+        r"HumanEval.jsonl.gz, line 2: not UTF-8 text": gzip.compress(good.encode() + b"\n\xff\xfe\x00binary\n"),
+        r"corrupt or truncated gzip file \(EOFError.*gzip -t": whole[: len(whole) // 2],
+        r"corrupt or truncated gzip file \(BadGzipFile.*at its start": b"PK\x03\x04 a zip, not a gzip file",
+        r"HumanEval.jsonl.gz:2: unreadable JSON \(RecursionError": gzip.compress(
+            (good + "\n" + "[" * 200_000 + "\n").encode()),
+    }
+    for message, content in cases.items():
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=message) as error:
+            HumanEvalTask(data_dir=tmp_path).problems("test")
+        assert str(path) in str(error.value)
+        if "JSON" not in message:
+            assert "intact copy" in str(error.value) and "DELIBERATION_ENV_DATA" in str(error.value)
+
+
+# ------------------------------------------------------------------------------------ sandbox choice
+def test_sandbox_option_and_fail_closed_construction(data_dir, monkeypatch):
+    from deliberation_env.tasks import sandbox
+
+    assert HumanEvalTask(data_dir=data_dir).isolation in ("bwrap", "unshare")
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        HumanEvalTask(data_dir=data_dir, sandbox="docker")
+    monkeypatch.delenv(sandbox.ISOLATION_ENV_VAR, raising=False)
+    monkeypatch.setattr(sandbox, "_probed", {"bwrap": False, "unshare": False, "rlimits": True})
+    with pytest.raises(sandbox.SandboxUnavailableError, match="apt-get install bubblewrap"):
+        HumanEvalTask(data_dir=data_dir)  # at construction, not as silently wrong grades later
+    with pytest.raises(sandbox.SandboxUnavailableError, match="apt-get install bubblewrap"):
+        deliberation_env.parallel_env(task="humaneval", data_dir=str(data_dir))
+    with pytest.raises(sandbox.SandboxUnavailableError, match="sandbox='bwrap' does not work"):
+        HumanEvalTask(data_dir=data_dir, sandbox="bwrap")
+    trusted = HumanEvalTask(data_dir=data_dir, sandbox="rlimits", num_problems=1)  # the explicit opt-in
+    problem = trusted.problems("test")[0]
+    assert trusted.isolation == "rlimits" and trusted.grade(problem, problem.answer)
+    env = deliberation_env.parallel_env(task="humaneval", data_dir=str(data_dir), task_kwargs={"sandbox": "rlimits"})
+    assert env.task.isolation == "rlimits"
+
+
 # ------------------------------------------------------------------------------------ grading
+SURROGATE_REPLIES = [
+    "\ud800",
+    "```python\ndef strlen(string: str) -> int:\n    return len(string)  # \ud800\n```",
+    "    return len('\udfff')",
+    "def strlen(string):\n    return len(string)\n\udc80",
+    "\ud800" * 5000,
+]
+
+
+@pytest.mark.parametrize("reply", SURROGATE_REPLIES, ids=range(len(SURROGATE_REPLIES)))
+def test_text_with_lone_surrogates_grades_wrong_without_crashing(task, problems, reply):
+    """Such text cannot be encoded (UTF-8 has no lone surrogates), so it cannot be run: a wrong answer."""
+    strlen = problems["HumanEval/23"]
+    assert task.grade(strlen, reply) is False
+    for answer in (task.extract_answer(reply), task.extract_answer(reply, strlen)):  # never raises
+        graded = task.grade(strlen, answer)
+        assert isinstance(graded, bool)
+        if answer is not None and any("\ud800" <= char <= "\udfff" for char in answer):
+            assert graded is False
+    assert task.grade_many([(strlen, reply), (strlen, strlen.answer)]) == [False, True]
+
+
 def test_every_canonical_solution_passes(task, problems):
     fresh = HumanEvalTask(data_dir=task.data_dir)
     items = [(p, p.answer) for p in problems.values()]

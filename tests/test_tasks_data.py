@@ -15,6 +15,7 @@ from functools import cache
 import pytest
 
 from deliberation_env import TASKS
+from deliberation_env.tasks.extract import is_text
 from deliberation_env.tasks.latex import normalize_latex
 
 SPLITS = {"gsm8k": ("train", "test"), "math": ("test",), "aime24": ("test",), "amc23": ("test",), "mmlu": ("test",)}
@@ -128,3 +129,34 @@ def test_sim_round_trip_and_distractors_on_every_problem(name, split, data_dir):
             assert task.extract_answer(text) == answer, (problem.id, answer, text)
         assert task.grade(problem, problem.answer)
         assert not any(task.grade(problem, d) for d in distractors), (problem.id, distractors)
+
+
+LONE_SURROGATE_TEMPLATES = [  # {gold}: the problem's gold answer, so that only the surrogate makes it wrong
+    "\ud800",
+    "{gold}\ud800",
+    "\udfff{gold}",
+    "The answer is {gold}\ud800",
+    "\\boxed{{{gold}\udc80}}",
+    "#### {gold}\udfff",
+    "The answer is ({gold}\ud800)",
+    "```python\n{gold}\n# \ud800\n```",
+    "\ud800" * 5000 + "{gold}",
+]
+
+
+@pytest.mark.parametrize("name", TASKS.names())
+def test_every_task_survives_text_with_lone_surrogates(name, data_dir):
+    """Such text (which UTF-8 cannot encode) never crashes an extractor or grader, and graded as an
+    answer it is wrong, even when it holds the gold answer."""
+    task = TASKS.make(name, data_dir=str(data_dir))
+    problem = task.problems("test")[0]
+    assert task.grade(problem, problem.answer) is True
+    for template in LONE_SURROGATE_TEMPLATES:
+        text = template.format(gold=problem.answer)
+        assert task.grade(problem, text) is False, text
+        extracted = task.extract_answer(text)  # may recover a clean answer, or None
+        assert extracted is None or isinstance(extracted, str), (text, extracted)
+        graded = task.grade(problem, extracted)
+        assert isinstance(graded, bool), (text, extracted)
+        if extracted is not None and not is_text(extracted):
+            assert graded is False, (text, extracted)

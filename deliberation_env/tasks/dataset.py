@@ -4,7 +4,7 @@ Where a split's rows come from, in order:
 
 1. ``data_dir=`` (a folder laid out like ``shared/data``, or one data file used for every split);
 2. ``$DELIBERATION_ENV_DATA`` (a folder laid out like ``shared/data``);
-3. the Hugging Face hub through ``datasets`` (optional; needs the network).
+3. the Hugging Face hub through ``datasets`` (``tasks.hub``: the network once, then a local cache).
 
 Rows are checked (``fields``) and converted to ``Problem`` objects once, on the first
 ``problems(split)`` call; constructing a task reads nothing.
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from deliberation_env.tasks.base import DATA_ENV_VAR, BaseTask, Problem, Prompts, resolve_data_file
-from deliberation_env.tasks.extract import DataFormatError, FieldSpec, check_fields, convert_rows, load_jsonl
+from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file
+from deliberation_env.tasks.extract import DataFormatError, FieldSpec, check_fields, convert_rows, is_text, load_jsonl
+from deliberation_env.tasks.hub import hub_rows
 from deliberation_env.tasks.numeric import extract_number, numbers_equal, numeric_distractors
 
 Rows = list[tuple[int, dict[str, Any]]]
@@ -37,29 +38,11 @@ class Source:
 
 
 def load_hub_rows(source: Source, fields: FieldSpec) -> Rows:
-    """Rows of a hub dataset through ``datasets``; FileNotFoundError naming the env var, the
-    local path and the hub id when ``datasets`` is missing or the hub is unreachable."""
-    advice = (
-        f"Set {DATA_ENV_VAR} (or pass data_dir=) to a folder laid out like shared/data containing "
-        f"{source.relative}, or make the Hugging Face hub dataset {source.hub_id!r} loadable"
-    )
-    try:
-        import datasets  # noqa: PLC0415 (optional dependency)
-    except ImportError:
-        raise FileNotFoundError(
-            f"no local data for {source.relative} and the `datasets` package is not installed. "
-            f"{advice} (pip install 'deliberation-env[hub]')."
-        ) from None
-    try:
-        dataset = datasets.load_dataset(source.hub_id, source.hub_config, split=source.hub_split)
-    except Exception as error:  # network, auth, missing config: all mean "not available"
-        raise FileNotFoundError(
-            f"no local data for {source.relative} and loading {source.hub_id!r} from the hub failed "
-            f"({type(error).__name__}: {error}). {advice}."
-        ) from error
+    """Rows of a hub dataset (``tasks.hub.hub_rows``: cached locally, fast failure offline), checked
+    against ``fields``; FileNotFoundError with the instruction when the hub cannot be used."""
+    rows = hub_rows(source.hub_id, source.hub_config, source.hub_split, source.relative)
     where = f"hub dataset {source.hub_id!r} ({source.hub_split})"
-    return [(number, check_fields(dict(row), fields, f"{where}, row {number}"))
-            for number, row in enumerate(dataset, start=1)]
+    return [(number, check_fields(row, fields, f"{where}, row {number}")) for number, row in enumerate(rows, start=1)]
 
 
 class DatasetTask(BaseTask):
@@ -151,7 +134,10 @@ class NumericTask(DatasetTask):
             return None
 
     def grade(self, problem: Problem, answer: str | None) -> bool:
-        """Numeric equality; an answer with units or words ("18 dollars") is read with extract_number."""
+        """Numeric equality; an answer with units or words ("18 dollars") is read with extract_number.
+        Text that is not valid Unicode (lone surrogates) is wrong."""
+        if not is_text(answer):
+            return False
         try:
             if numbers_equal(answer, problem.answer):
                 return True

@@ -3,6 +3,9 @@
 Everything here runs in time linear in the input (no regex with nested or adjacent
 unbounded quantifiers; brace matching is one pass), so arbitrary LLM text is safe.
 
+- ``read_lines(path)``: the lines of a UTF-8 text file (``.gz`` allowed); bytes that are not
+  UTF-8, a corrupt or truncated gzip file, or an unreadable file raise ``DataFormatError``
+  naming the file, the line and the fix;
 - ``load_jsonl(path, fields)``: rows of a JSONL (or ``.jsonl.gz``) file, with errors that
   name the file and the line (bad JSON, a missing field, a wrong type);
 - ``last_boxed(text)``: the content of the last ``\\boxed{...}`` (nested braces allowed);
@@ -16,14 +19,29 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from deliberation_env.tasks.base import DATA_ENV_VAR
 
 FieldSpec = Mapping[str, type | tuple[type, ...]]
 
 MAX_WINDOW = 200
 """Characters after a marker that are searched for the answer."""
+
+
+def is_text(value: object) -> bool:
+    """Whether ``value`` is a str that UTF-8 can encode. Text with lone surrogates (``"\\ud800"``,
+    e.g. from a bad JSON escape in a server's reply) is not: graders count it as a wrong answer."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class DataFormatError(ValueError):
@@ -57,10 +75,47 @@ def check_fields(row: Any, fields: FieldSpec, where: str) -> dict[str, Any]:
     return row
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
+REPLACE_ADVICE = (f"Replace it with an intact copy (download it again), or point {DATA_ENV_VAR} "
+                  "(or data_dir=) at a folder whose files are intact")
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` for each line of a UTF-8 text file, ``.gz`` files decompressed.
+
+    Raises ``DataFormatError`` naming the file, the line and the fix for bytes that are not UTF-8
+    (a binary file), a corrupt or truncated gzip file, or a file that cannot be read.
+    """
+    path = Path(path)
+    number = 0
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataFormatError(
+                        f"{path}, line {number}: not UTF-8 text ({error.reason} at byte {error.start + 1} of the "
+                        f"line: {raw[max(0, error.start - 10): error.start + 10]!r}); is it a binary file? "
+                        f"Data files must be UTF-8 JSON lines. {REPLACE_ADVICE}."
+                    ) from None
+    except (gzip.BadGzipFile, zlib.error, EOFError) as error:
+        where = f"after line {number}" if number else "at its start"
+        raise DataFormatError(
+            f"{path}: corrupt or truncated gzip file ({type(error).__name__}: {error}; {where}). "
+            f"Check it with `gzip -t {path}`. {REPLACE_ADVICE}."
+        ) from None
+    except OSError as error:  # a folder, no permission, an I/O error
+        raise DataFormatError(f"{path}: cannot be read ({error.strerror or error}). {REPLACE_ADVICE}.") from None
+
+
+def parse_json_line(line: str, where: str) -> Any:
+    """``json.loads`` whose errors (bad JSON, absurd nesting, over-long integers) name ``where``."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
+    except (ValueError, RecursionError) as error:
+        raise DataFormatError(f"{where}: unreadable JSON ({type(error).__name__}: {str(error)[:200]})") from None
 
 
 def load_jsonl(path: str | Path, fields: FieldSpec | None = None) -> list[tuple[int, dict[str, Any]]]:
@@ -71,16 +126,10 @@ def load_jsonl(path: str | Path, fields: FieldSpec | None = None) -> list[tuple[
     """
     path = Path(path)
     rows: list[tuple[int, dict[str, Any]]] = []
-    with _open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+    for number, line in read_lines(path):
+        if line.strip():
             where = f"{path}, line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
-            rows.append((number, check_fields(row, fields or {}, where)))
+            rows.append((number, check_fields(parse_json_line(line, where), fields or {}, where)))
     return rows
 
 

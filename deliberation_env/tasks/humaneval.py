@@ -24,17 +24,23 @@ from __future__ import annotations
 
 import ast
 import copy
-import gzip
 import hashlib
-import json
 import random
 import re
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from deliberation_env.tasks.base import DATA_ENV_VAR, BaseTask, Problem, Prompts, resolve_data_file
-from deliberation_env.tasks.sandbox import run_many
+from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file
+from deliberation_env.tasks.extract import DataFormatError, is_text, parse_json_line, read_lines
+from deliberation_env.tasks.hub import hub_rows
+from deliberation_env.tasks.sandbox import (
+    ISOLATION_MODES,
+    SandboxUnavailableError,
+    available_isolation,
+    isolation_works,
+    run_many,
+)
 
 RELATIVE_PATH = "humaneval/HumanEval.jsonl.gz"
 HUB_ID = "openai/openai_humaneval"
@@ -263,38 +269,26 @@ def mutants(program: str, entry: str, rng: random.Random) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ data
+def check_row(row: object, where: str) -> dict[str, str]:
+    """A HumanEval row (an object with the string fields ``FIELDS``), or DataFormatError naming ``where``."""
+    if not isinstance(row, dict):
+        raise DataFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    bad = [f for f in FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
+    if bad:
+        raise DataFormatError(f"{where}: missing or non-string field(s) {bad}; a HumanEval row has {FIELDS}")
+    return row
+
+
 def load_rows(path: Path) -> list[dict[str, str]]:
-    """HumanEval rows from a (gzipped) JSONL file; malformed rows raise ValueError naming file and line."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            bad = [f for f in FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
-            if bad:
-                raise ValueError(f"{path}:{number}: missing or non-string field(s) {bad}; a HumanEval row has {FIELDS}")
-            rows.append(row)
-    return rows
+    """HumanEval rows from a (gzipped) JSONL file; unreadable files and malformed rows raise
+    DataFormatError (a ValueError) naming the file, the line and the fix."""
+    return [check_row(parse_json_line(line, f"{path}:{number}"), f"{path}:{number}")
+            for number, line in read_lines(path) if line.strip()]
 
 
-def _hub_rows(path_hint: str) -> list[dict[str, str]]:
-    message = (f"HumanEval data not found: set {DATA_ENV_VAR} (or pass data_dir=) to a folder containing "
-               f"{path_hint}, or install `datasets` and make the hub dataset {HUB_ID!r} reachable")
-    try:
-        import datasets  # type: ignore[import-not-found]
-    except ImportError:
-        raise FileNotFoundError(message + " (datasets is not installed)") from None
-    try:
-        return [dict(row) for row in datasets.load_dataset(HUB_ID, split="test")]
-    except Exception as error:  # network, auth or cache problems
-        raise FileNotFoundError(f"{message} ({type(error).__name__}: {error})") from error
+def _hub_rows() -> list[dict[str, str]]:
+    return [check_row(row, f"hub dataset {HUB_ID!r}, row {number}")
+            for number, row in enumerate(hub_rows(HUB_ID, None, "test", RELATIVE_PATH), start=1)]
 
 
 class HumanEvalTask(BaseTask):
@@ -303,9 +297,18 @@ class HumanEvalTask(BaseTask):
     name = "humaneval"
 
     def __init__(self, data_dir: str | Path | None = None, timeout: float = 5.0, memory_mb: int = 512,
-                 workers: int = 2, num_problems: int | None = None):
+                 workers: int = 2, num_problems: int | None = None, sandbox: str | None = None):
+        """``sandbox``: the isolation mode (``sandbox.ISOLATION_MODES``); None picks bubblewrap, else
+        unshare, and raises ``SandboxUnavailableError`` (install bubblewrap) when neither works here.
+        ``"rlimits"`` (no isolation) only by name, for code you trust."""
         if num_problems is not None and num_problems < 1:
             raise ValueError(f"num_problems must be >= 1, got {num_problems}")
+        if sandbox is not None and sandbox not in ISOLATION_MODES:
+            raise ValueError(f"sandbox must be one of {ISOLATION_MODES} or None (the best that works), got {sandbox!r}")
+        if sandbox is not None and not isolation_works(sandbox):
+            raise SandboxUnavailableError(f"sandbox={sandbox!r} does not work on this machine; install bubblewrap "
+                                          "(apt-get install bubblewrap) and pass sandbox=None")
+        self.isolation = sandbox or available_isolation()  # fail now, not as wrong grades later
         self.data_dir, self.timeout, self.memory_mb, self.workers = data_dir, timeout, memory_mb, workers
         self.num_problems = num_problems
         self.prompts = PROMPTS
@@ -317,7 +320,7 @@ class HumanEvalTask(BaseTask):
             raise ValueError(f"humaneval has splits {list(SPLITS)}, got {split!r}")
         if self._problems is None:
             path = resolve_data_file(self.data_dir, RELATIVE_PATH, HUB_ID)
-            rows = load_rows(path) if path is not None else _hub_rows(RELATIVE_PATH)
+            rows = load_rows(path) if path is not None else _hub_rows()
             self._problems = [self._problem(row) for row in rows]
         return self._problems[: self.num_problems] if self.num_problems else self._problems
 
@@ -336,10 +339,11 @@ class HumanEvalTask(BaseTask):
 
     @staticmethod
     def _key(problem: Problem, answer: str) -> tuple[str, str]:
-        return problem.id, hashlib.sha256(answer.encode("utf-8", errors="surrogateescape")).hexdigest()
+        return problem.id, hashlib.sha256(answer.encode("utf-8", errors="surrogatepass")).hexdigest()
 
     def grade(self, problem: Problem, answer: str | None) -> bool:
-        if answer is None or not answer.strip():
+        """pass@1 of ``answer``; False for no answer, non-text and text that is not valid Unicode."""
+        if not is_text(answer) or not answer.strip():  # is_text: a lone surrogate cannot be written out to run
             return False
         return self.grade_many([(problem, answer)])[0]
 
@@ -348,7 +352,7 @@ class HumanEvalTask(BaseTask):
         todo = {self._key(p, a): build_program(p, a) for p, a in items if self._key(p, a) not in self._grades}
         if todo:
             results = run_many(list(todo.values()), workers=self.workers, timeout=timeout or self.timeout,
-                               memory_mb=self.memory_mb)
+                               memory_mb=self.memory_mb, isolation=self.isolation)
             self._grades.update((key, result.passed) for key, result in zip(todo, results))
         return [self._grades[self._key(p, a)] for p, a in items]
 
@@ -360,7 +364,7 @@ class HumanEvalTask(BaseTask):
         for start in range(0, min(len(candidates), 4 * batch), batch):
             chunk = candidates[start : start + batch]
             results = run_many([build_program(problem, c) for c in chunk], workers=self.workers,
-                               timeout=min(self.timeout, 1.0), memory_mb=self.memory_mb)
+                               timeout=min(self.timeout, 1.0), memory_mb=self.memory_mb, isolation=self.isolation)
             for candidate, result in zip(chunk, results):
                 if not result.passed and not result.timed_out:
                     self._grades[self._key(problem, candidate)] = False

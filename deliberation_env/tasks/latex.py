@@ -27,6 +27,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, TypeVar
 
+from deliberation_env.tasks.extract import is_text
 from deliberation_env.tasks.numeric import normalize_number
 
 T = TypeVar("T")
@@ -207,7 +208,7 @@ def latex_equal(pred: str | None, gold: str, timeout: float = 0.5) -> bool:
     ``MAX_VERIFY_CHARS``) or unbalanced brackets -> False; otherwise math-verify under
     ``timeout`` seconds (False on time-out or error).
     """
-    if not isinstance(pred, str) or not pred.strip():
+    if not is_text(pred) or not pred.strip():  # also text that is not valid Unicode: a wrong answer
         return False
     try:
         left, right = normalize_latex(pred), normalize_latex(gold)

@@ -26,7 +26,15 @@ from typing import Any
 
 from deliberation_env.tasks.base import DATA_ENV_VAR, Problem, Prompts
 from deliberation_env.tasks.dataset import NO_ANSWER_TEXTS, DatasetTask, Rows, Source
-from deliberation_env.tasks.extract import DataFormatError, after_answer_marker, first_sentence, last_boxed
+from deliberation_env.tasks.extract import (
+    REPLACE_ADVICE,
+    DataFormatError,
+    after_answer_marker,
+    first_sentence,
+    is_text,
+    last_boxed,
+    read_lines,
+)
 
 LETTERS = "ABCD"
 PROMPTS = Prompts(
@@ -181,8 +189,8 @@ class MMLUTask(DatasetTask):
         """Rows of an original MMLU CSV file (no header: question, A, B, C, D, answer)."""
         subject = path.stem.removesuffix("_test").removesuffix("_val").removesuffix("_dev")
         rows: Rows = []
-        with path.open(encoding="utf-8", newline="") as handle:
-            reader = csv.reader(handle)
+        reader = csv.reader(line for _, line in read_lines(path))
+        try:
             for cells in reader:
                 if not any(cell.strip() for cell in cells):
                     continue
@@ -195,6 +203,9 @@ class MMLUTask(DatasetTask):
                     raise DataFormatError(f"{where}: {error}") from None
                 row = {"question": cells[0], "choices": cells[1:5], "answer": cells[5], "subject": subject}
                 rows.append((reader.line_num, row))
+        except csv.Error as error:  # a NUL byte, an over-long field, an unterminated quote
+            raise DataFormatError(f"{path}, line {reader.line_num}: not a readable CSV row ({error}). "
+                                  f"{REPLACE_ADVICE}.") from None
         return rows
 
     def make_problem(self, row: dict[str, Any], index: int, split: str) -> Problem:
@@ -220,7 +231,7 @@ class MMLUTask(DatasetTask):
         return choice_letter(text, problem.metadata.get("choices") if problem is not None else None)
 
     def grade(self, problem: Problem, answer: str | None) -> bool:
-        if not isinstance(answer, str):
+        if not is_text(answer):  # None, or text that is not valid Unicode
             return False
         letter = answer.strip().strip("()").upper()
         if letter not in LETTERS:

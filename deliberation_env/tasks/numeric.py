@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
-from deliberation_env.tasks.extract import after_answer_marker, after_hashes, first_sentence, last_boxed
+from deliberation_env.tasks.extract import after_answer_marker, after_hashes, first_sentence, is_text, last_boxed
 
 MAX_DIGITS = 200
 
@@ -120,8 +120,9 @@ def extract_number(text: str) -> str | None:
 
 
 def numbers_equal(a: str | None, b: str | None) -> bool:
-    """Numeric equality of two answers (``"27"`` equals ``"27.0"``, ``"1,080"`` equals ``"1080"``)."""
-    if a is None or b is None:
+    """Numeric equality of two answers (``"27"`` equals ``"27.0"``, ``"1,080"`` equals ``"1080"``);
+    False for None and for text that is not valid Unicode."""
+    if not is_text(a) or not is_text(b):
         return False
     if a == b:
         return True
