@@ -39,6 +39,8 @@ class BaseConfig:
     """Tokens per solution or refinement (the env's max_tokens; default 512)."""
     temperature: float | None = None
     """Sampling temperature of solutions (the env's temperature; default 0.7)."""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    """Further env options (--env-option KEY=VALUE, e.g. critic_max_tokens=8)."""
     data_dir: str | None = None
     """Benchmark data folder (default: $DELIBERATION_ENV_DATA)."""
     num_agents: int = 3
@@ -103,6 +105,7 @@ def env_kwargs(cfg: BaseConfig, split: str) -> dict[str, Any]:
                               "split": split, "data_dir": cfg.data_dir}
     if cfg.token_cost:
         kwargs["reward_weights"] = {"tokens": cfg.token_cost}
+    kwargs.update(cfg.env_options)
     kwargs.update({name: getattr(cfg, name) for name in ("max_tokens", "temperature") if getattr(cfg, name) is not None})
     return kwargs
 

@@ -32,7 +32,7 @@ from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
     backend_settings,
-    env_sampling_options,
+    env_options,
     nonnegative_int,
     positive_int,
     report_user_errors,
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         _check_paths(metrics, "--metrics")
         backend = backend_settings(args).build()
         env_kwargs = {"task": args.task, "backend": backend, "split": args.split, "max_rounds": args.max_rounds,
-                      "num_agents": args.num_agents, "data_dir": args.data_dir, **env_sampling_options(args)}
+                      "num_agents": args.num_agents, "data_dir": args.data_dir, **env_options(args)}
         if args.token_cost:
             env_kwargs["reward_weights"] = {"tokens": args.token_cost}
         check_problem_count(deliberation_env.parallel_env(**env_kwargs), args.problems)

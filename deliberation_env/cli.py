@@ -8,6 +8,7 @@ Used by ``python -m deliberation_env.demo``, ``python -m baselines.train`` and
     --backend transformers --model PATH_OR_HUB_ID [--backend-option gguf_file=x.gguf]
     --backend openai --base-url http://gpu1:8000/v1 [URL ...] --model NAME
     --cache runs.sqlite  --max-tokens 256  --temperature 0.7  --backend-option KEY=VALUE ...
+    --env-option critic_max_tokens=8 --env-option early_stop=True     # any other env option
 
 Errors: a program wrapped in ``report_user_errors`` prints ``prog: error: message`` (one line)
 and exits with code 2 for ``UserError`` and for a ``BackendError`` of the OpenAI backend (an
@@ -243,13 +244,15 @@ def add_backend_arguments(parser: argparse.ArgumentParser | Any, backend_default
                         help="tokens per solution or refinement (env default 512)")
     parser.add_argument("--temperature", type=nonnegative_float, default=None,
                         help="sampling temperature of solutions (env default 0.7)")
+    parser.add_argument("--env-option", dest="env_options", action=KeyValueAction, default={}, metavar="KEY=VALUE",
+                        help="any other env option, e.g. critic_max_tokens=8, early_stop=True, confidence=critic_text")
     parser.add_argument("--backend-option", dest="backend_options", action=KeyValueAction, default={},
                         metavar="KEY=VALUE", help="any other constructor keyword of the backend, e.g. "
                                                   "num_threads=4, timeout=30, max_retries=2, api_key_env=MY_KEY")
 
 
 BACKEND_FLAGS = ("backend", "model", "base_url", "cache", "dtype", "batch_size", "max_tokens", "temperature",
-                 "backend_options")
+                 "env_options", "backend_options")
 """The ``argparse`` destinations that ``add_backend_arguments`` defines."""
 
 
@@ -260,9 +263,12 @@ def backend_settings(args: Any) -> BackendSettings:
                            cache=args.cache, dtype=args.dtype, batch_size=args.batch_size, options=dict(options))
 
 
-def env_sampling_options(args: Any) -> dict[str, Any]:
-    """The env options among the flags: ``max_tokens`` and ``temperature`` when given."""
-    return {name: getattr(args, name) for name in ("max_tokens", "temperature") if getattr(args, name, None) is not None}
+def env_options(args: Any) -> dict[str, Any]:
+    """The env options among the flags: ``--env-option``s, then ``max_tokens`` and ``temperature`` when given."""
+    options = dict(getattr(args, "env_options", None) or {})
+    options.update({name: getattr(args, name) for name in ("max_tokens", "temperature")
+                    if getattr(args, name, None) is not None})
+    return options
 
 
 def cache_report(backend: Any) -> str | None:

@@ -19,7 +19,7 @@ from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
     backend_settings,
-    env_sampling_options,
+    env_options,
     nonnegative_float,
     nonnegative_int,
     positive_int,
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     with user_input():
         env = deliberation_env.parallel_env(task=args.task, backend=backend_settings(args).build(),
                                             num_agents=args.agents, max_rounds=args.rounds, data_dir=args.data_dir,
-                                            render_mode="ansi", **env_sampling_options(args))
+                                            render_mode="ansi", **env_options(args))
     rng = np.random.default_rng(args.seed)
     solved, tokens = 0, 0
     for episode in range(args.episodes):
