@@ -198,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from deliberation_env import calibrate
 
         sim_path = os.path.join(args.out, "sim.json")
-        calibrate.main([calib_path, "-o", sim_path])
+        if calibrate.main([calib_path, "-o", sim_path]) != 0:
+            raise SystemExit("calibration failed (see above): record more calibration episodes (--calib-problems)")
 
         print("4/6 training on the default and the calibrated sim", flush=True)
         runs = os.path.join(args.out, "runs")
@@ -222,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         backend.close()
 
     print("6/6 fidelity of the calibrated sim on the held-out problems", flush=True)
-    calibrate.main(["--compare", heldout_path, sim_path, "-o", os.path.join(args.out, "fidelity")])
+    if calibrate.main(["--compare", heldout_path, sim_path, "-o", os.path.join(args.out, "fidelity")]) != 0:
+        raise SystemExit("the fidelity report failed (see above)")
     summary(args, rows, debate_seconds, others_seconds, stats, time.perf_counter() - started)
 
 
@@ -252,7 +254,6 @@ def summary(args, rows, debate_seconds: float, others_seconds: float, stats, tot
         json.dump({"command": command_line(), "rows": rows, "debate_seconds": debate_seconds,
                    "others_seconds": others_seconds, "cache_hits": stats.hits, "cache_misses": stats.misses}, f, indent=1)
     plot(rows, os.path.join(RESULTS, "real_llm.png"))
-    print("\n".join(notes))
 
 
 if __name__ == "__main__":
