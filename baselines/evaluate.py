@@ -168,27 +168,40 @@ def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[]
 
 
 def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_kwargs: dict[str, Any],
-                     deterministic: bool = True,
-                     threads: int | None = None) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
+                     deterministic: bool = True, threads: int | None = None,
+                     trace: Any = None) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     """Entries for learned checkpoints and named protocols on deliberation_env: policies play with the number
     of agents they were trained for, protocols with ``env_kwargs``'s (``single`` with one agent). Checkpoints
-    are loaded here, once (a missing file fails now); ``threads``: see ``PolicyActor``."""
+    are loaded here, once (a missing file fails now); ``threads``: see ``PolicyActor``. ``trace``: a
+    ``deliberation_env.traces.TraceWriter`` every entry's envs write their episodes to, labelled with the
+    entry's name (the caller closes it)."""
     import deliberation_env
 
-    def env_for(agents: int | None = None):
+    def env_for(name: str, agents: int | None = None):
         kwargs = dict(env_kwargs)
         if agents is not None:
             kwargs["num_agents"] = agents
+        if trace is not None:
+            kwargs.update(trace=trace, trace_label=name)
         return lambda: deliberation_env.parallel_env(**kwargs)
 
     entries = []
     for name, path in checkpoints.items():
         policy = load_policy(path)
         agents = policy.layout.num_peers + 1
-        entries.append((name, lambda p=policy: PolicyActor(p, deterministic, threads), env_for(agents)))
+        entries.append((name, lambda p=policy: PolicyActor(p, deterministic, threads), env_for(name, agents)))
     for proto in protocols:
-        entries.append((proto, lambda p=proto: make_protocol(p), env_for(1 if proto == "single" else None)))
+        entries.append((proto, lambda p=proto: make_protocol(p), env_for(proto, 1 if proto == "single" else None)))
     return entries
+
+
+def open_trace(path: str | None) -> Any:
+    """A ``TraceWriter`` appending to ``path`` (None without a path)."""
+    if not path:
+        return None
+    from deliberation_env.traces import TraceWriter
+
+    return TraceWriter(path)
 
 
 # ----------------------------------------------------------------------------- tables and plots
@@ -326,6 +339,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--sample", action="store_true", help="sample learned policies' actions instead of argmax")
     parser.add_argument("--metrics", nargs="*", default=[], help="[name=]run dir or metrics.jsonl for learning curves")
     parser.add_argument("--out", default="runs/eval", help="where table.md/.csv and the PNG plots go")
+    parser.add_argument("--trace", default=None, metavar="FILE.jsonl",
+                        help="append one JSON line per episode (deliberation_env.traces), labelled with the entry name")
     add_backend_arguments(parser.add_argument_group("LLM backend"))
     return parser
 
@@ -351,18 +366,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         if args.token_cost:
             env_kwargs["reward_weights"] = {"tokens": args.token_cost}
         check_problem_count(deliberation_env.parallel_env(**env_kwargs), args.problems)
-        entries = standard_entries(checkpoints, protocols, env_kwargs, deterministic=not args.sample,
-                                   threads=args.threads)
         os.makedirs(args.out, exist_ok=True)
-    rows = evaluate_entries(entries, args.problems, args.seeds, batch_size=args.num_envs,
-                            cache=backend if args.cache else None)
+        trace = open_trace(args.trace)
+        entries = standard_entries(checkpoints, protocols, env_kwargs, deterministic=not args.sample,
+                                   threads=args.threads, trace=trace)
+    try:
+        rows = evaluate_entries(entries, args.problems, args.seeds, batch_size=args.num_envs,
+                                cache=backend if args.cache else None)
+    finally:
+        if trace is not None:
+            trace.close()
     print(save_table(rows, args.out))
     if args.cache:
         print(cache_line(rows, backend))
     plot_accuracy_vs_tokens(rows, os.path.join(args.out, "accuracy_vs_tokens.png"))
     if metrics:
         plot_learning_curves(metrics, os.path.join(args.out, "learning_curves.png"))
-    print(f"saved {args.out}/table.md, table.csv, accuracy_vs_tokens.png" + (", learning_curves.png" if metrics else ""))
+    print(f"saved {args.out}/table.md, table.csv, accuracy_vs_tokens.png" + (", learning_curves.png" if metrics else "")
+          + (f"; traces appended to {args.trace}" if args.trace else ""))
     close = getattr(backend, "close", None)
     if callable(close):
         close()

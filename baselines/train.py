@@ -57,6 +57,8 @@ class EvalOptions:
     """Test problems (problem_index 0..P-1) per evaluation seed."""
     eval_seeds: int = 2
     """Evaluation seeds 0..n-1 (confidence intervals are across these)."""
+    trace: str | None = None
+    """Append one JSON line per evaluation episode to this file (deliberation_env.traces), labelled with the entry."""
 
     def validate(self) -> None:
         """Raise ValueError on counts below 1."""
@@ -102,9 +104,14 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     checkpoints[algo] = os.path.join(out, "policy.pt")
     backend = backend if backend is not None else backend_settings(cfg).build()
     kwargs = {**env_kwargs(cfg, "test"), "backend": backend}
-    entries = evaluate.standard_entries(checkpoints, PROTOCOLS, kwargs, threads=cfg.threads)
-    rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)),
-                                     batch_size=cfg.num_envs, cache=backend if cfg.cache else None)
+    trace = evaluate.open_trace(options.trace)
+    try:
+        entries = evaluate.standard_entries(checkpoints, PROTOCOLS, kwargs, threads=cfg.threads, trace=trace)
+        rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)),
+                                         batch_size=cfg.num_envs, cache=backend if cfg.cache else None)
+    finally:
+        if trace is not None:
+            trace.close()
     table = evaluate.save_table(rows, os.path.join(out, "eval"))
     if cfg.cache:
         table += "\n\n" + evaluate.cache_line(rows, backend)
@@ -145,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> Policy:
             from baselines.evaluate import check_problem_count
 
             check_problem_count(make_env_fn(cfg, "test", backend)(), options.eval_problems)
+            if options.trace:
+                open(options.trace, "a").close()  # a trace file that cannot be written fails now, not after training
         os.makedirs(cfg.out, exist_ok=True)
     start = time.time()
     policy = run(algo, cfg, env_fn)

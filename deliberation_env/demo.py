@@ -59,13 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threshold", type=nonnegative_float, default=0.7, help="confidence threshold of --policy threshold")
     parser.add_argument("--seed", type=nonnegative_int, default=0)
     parser.add_argument("--show-text", action="store_true", help="print each agent's latest text")
+    parser.add_argument("--trace", default=None, metavar="FILE.jsonl",
+                        help="append one JSON line per episode (deliberation_env.traces), labelled with the policy")
     add_backend_arguments(parser.add_argument_group("LLM backend"))
     args = parser.parse_args(argv)
 
     with user_input():
         env = deliberation_env.parallel_env(task=args.task, backend=backend_settings(args).build(),
                                             num_agents=args.agents, max_rounds=args.rounds, data_dir=args.data_dir,
-                                            render_mode="ansi", **env_options(args))
+                                            render_mode="ansi", **env_options(args),
+                                            **({"trace": args.trace, "trace_label": args.policy} if args.trace else {}))
     rng = np.random.default_rng(args.seed)
     solved, tokens = 0, 0
     for episode in range(args.episodes):

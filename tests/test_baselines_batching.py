@@ -139,3 +139,23 @@ def test_collect_batches_deliberation_envs_and_keeps_their_results():
     assert a.episodes == b.episodes
     assert backend.calls[:2] == [12, 12]  # the first wave's 4 envs x 3 agents: one solve and one critic call
 
+
+
+def test_trace_flag_labels_every_episode_with_its_entry(tmp_path, sampled_policy):
+    from collections import Counter as Tally
+
+    from baselines import train
+    from deliberation_env import demo
+    from deliberation_env.traces import read_traces
+
+    trace = tmp_path / "traces.jsonl"
+    evaluate.main(["--checkpoints", f"mine={sampled_policy}", "--protocols", "single", "debate", "--problems", "3",
+                   "--seeds", "0", "1", "--num-envs", "4", "--out", str(tmp_path / "eval"), "--trace", str(trace)])
+    assert Tally(e.label for e in read_traces(trace)) == {"mine": 6, "single": 6, "debate": 6}
+    demo.main(["--episodes", "2", "--policy", "refine", "--trace", str(trace)])
+    train.main(["--algo", "sft", "--episodes", "8", "--epochs", "1", "--num-envs", "4", "--eval-problems", "2",
+                "--eval-seeds", "1", "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "run"),
+                "--trace", str(trace)])
+    labels = Tally(e.label for e in read_traces(trace))
+    assert labels["refine"] == 2 and labels["sft"] == 2 and labels["oracle"] == 2
+    assert {e.num_agents for e in read_traces(trace) if e.label == "single"} == {1}
