@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from baselines.common import Policy, load_policy, policy_threads, torch_threads
+from baselines.common import Policy, load_checkpoint, load_policy, policy_threads, torch_threads
 from baselines.logger import read_metrics
 from baselines.protocols import PROTOCOLS, FixedProtocol, make_protocol
 from baselines.rollout import EnvPool
@@ -366,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         if args.token_cost:
             env_kwargs["reward_weights"] = {"tokens": args.token_cost}
         check_problem_count(deliberation_env.parallel_env(**env_kwargs), args.problems)
+        for path in checkpoints.values():  # a missing or foreign checkpoint fails before anything is written
+            load_checkpoint(path)
         os.makedirs(args.out, exist_ok=True)
         trace = open_trace(args.trace)
         entries = standard_entries(checkpoints, protocols, env_kwargs, deterministic=not args.sample,
