@@ -121,12 +121,9 @@ TABLE_HEAD = ("| task | level | prompt | n | accuracy | 95% CI (Wilson) | in 20-
 
 
 def make_task(name: str, level: int | None, prompt: str, data_dir: str | None) -> Any:
-    """The task of one cell: arithmetic takes ``levels=(level,)`` and ``prompt``; others only the default prompt."""
+    """The task of one cell: arithmetic takes ``levels=(level,)`` and ``prompt``; others have one prompt."""
     if name == "arithmetic":
         return deliberation_env.TASKS.make(name, levels=(level,), prompt=prompt)
-    if prompt != "default":
-        raise SystemExit(f"--prompt {prompt}: only the arithmetic task has prompt styles; use --prompt default "
-                         f"for {name}")
     return deliberation_env.TASKS.make(name, data_dir=data_dir)
 
 
@@ -221,6 +218,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--start-server serves the openai backend; drop --backend transformers")
     if args.backend == "transformers" and not args.model:
         parser.error("--backend transformers needs --model (a model folder or a .gguf file)")
+    others = [name for name in args.task if name != "arithmetic"]
+    if others and args.prompt != ["default"]:
+        parser.error(f"--prompt {' '.join(args.prompt)}: only the arithmetic task has prompt styles; run "
+                     f"{', '.join(others)} separately with --prompt default")
     for level in args.levels:
         if not 0 <= level <= 5:
             parser.error(f"--levels: arithmetic levels are 0-5, got {level}")
