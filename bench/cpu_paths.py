@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from _results import save_markdown
-from llm_band import llama_server
 
 from deliberation_env.backends.base import Backend, Request
+from deliberation_env.backends.llama_server import llama_server
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 
 

@@ -17,80 +17,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from _results import RESULTS, save_markdown
+from _results import RESULTS, save_markdown, wilson_interval
 
 import deliberation_env
 from deliberation_env.backends.base import Backend, Request
+from deliberation_env.backends.llama_server import llama_server
 
 BAND = (0.2, 0.8)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for z = 1.96)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def llama_server(gguf: str, threads: int, n_ctx: int = 4096, startup_timeout: float = 180.0) -> Iterator[str]:
-    """Run ``llama_cpp.server`` on a free 127.0.0.1 port; yields its ``/v1`` URL; always stops it."""
-    import httpx
-
-    gguf = str(Path(gguf).expanduser())  # a quoted '~/...' keeps the saved command line free of this machine's paths
-    if not Path(gguf).is_file():
-        raise SystemExit(f"--start-server: GGUF file {gguf!r} does not exist")
-    port = _free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
-               "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise SystemExit(f"llama.cpp server exited with code {process.returncode} before serving "
-                                     f"(is llama-cpp-python[server] installed?):\n{log.read()[-2000:]}")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"llama.cpp server did not answer on port {port} within {startup_timeout:g} s")
-                time.sleep(0.5)
-            print(f"llama.cpp server: {gguf} on port {port} ({threads} threads)", flush=True)
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 @dataclass

@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import RESULTS, command_line, save_markdown  # noqa: E402
-from llm_band import llama_server, wilson_interval  # noqa: E402
+from _results import RESULTS, command_line, save_markdown, wilson_interval  # noqa: E402
 
 import deliberation_env  # noqa: E402
 from baselines.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
 from baselines.protocols import PROTOCOLS, make_protocol  # noqa: E402
+from deliberation_env.backends.llama_server import llama_server  # noqa: E402
 from deliberation_env.traces import TraceWriter  # noqa: E402
 
 ACTIONS = ("persist", "refine", "concede")
@@ -167,7 +167,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from deliberation_env.backends.cache import CachedBackend
     from deliberation_env.backends.openai import OpenAICompatibleBackend
 
-    server = llama_server(args.start_server, args.threads) if args.start_server else contextlib.nullcontext(args.base_url)
+    # llama.cpp computes logits for every prompt token only when log-probabilities are needed (much slower)
+    logits_all = args.confidence != "critic_text"
+    server = (llama_server(args.start_server, args.threads, logits_all=logits_all) if args.start_server
+              else contextlib.nullcontext(args.base_url))
     started = time.perf_counter()
     with server as urls:
         inner = OpenAICompatibleBackend(urls, model=args.model, concurrency=args.batch,

@@ -3,56 +3,21 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
+from deliberation_env.backends.llama_server import free_port, llama_server
 from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
 
 OK = {"choices": [{"message": {"role": "assistant", "content": "The answer is 4"}, "finish_reason": "stop"}],
       "usage": {"prompt_tokens": 5, "completion_tokens": 4}}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_llama(port: int) -> subprocess.Popen:
-    from deliberation_env.backends.models import smollm2_gguf_path
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf_path()), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "2048", "--verbose", "false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("llama.cpp server did not start")
-
-
-@pytest.fixture(scope="session")
-def llama_url():
-    pytest.importorskip("llama_cpp.server")
-    port = _free_port()
-    process = _start_llama(port)
-    yield f"http://127.0.0.1:{port}/v1"
-    process.terminate()
-    process.wait(timeout=30)
 
 
 def _request(**kw) -> Request:
@@ -60,7 +25,7 @@ def _request(**kw) -> Request:
 
 
 def test_real_episode_failover_and_logprobs(llama_url):
-    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
     backend = OpenAICompatibleBackend([dead, llama_url], model="smol", backoff=0.01)
     env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=1, max_tokens=24, critic_max_tokens=8)
     observations, infos = env.reset(seed=0)
@@ -72,15 +37,14 @@ def test_real_episode_failover_and_logprobs(llama_url):
 
 def test_server_stopped_mid_episode_names_url():
     pytest.importorskip("llama_cpp.server")
-    port = _free_port()
-    process = _start_llama(port)
-    url = f"http://127.0.0.1:{port}/v1"
-    backend = OpenAICompatibleBackend(url, model="smol", max_retries=1, backoff=0.01)
-    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=2, max_tokens=16, critic_max_tokens=8)
-    env.reset(seed=1)
-    process.terminate()
-    process.wait(timeout=30)
-    with pytest.raises(BackendError, match=f"127.0.0.1:{port}"):
+    from deliberation_env.backends.models import smollm2_gguf_path
+
+    with llama_server(smollm2_gguf_path(), threads=2, n_ctx=2048, logits_all=True) as url:
+        backend = OpenAICompatibleBackend(url, model="smol", max_retries=1, backoff=0.01)
+        env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=2, max_tokens=16,
+                                            critic_max_tokens=8)
+        env.reset(seed=1)
+    with pytest.raises(BackendError, match=url.removesuffix("/v1")):  # the server is stopped when the block ends
         env.step({agent: 1 for agent in env.agents})
 
 
@@ -135,3 +99,23 @@ def test_wrong_model_and_empty_completion(faulty, monkeypatch):
     script.append((200, json.dumps({"choices": [{"message": {"content": ""}}]})))
     empty = backend.generate([_request()])[0]
     assert empty.text == "" and empty.completion_tokens == 0
+
+
+def test_a_real_server_without_logprobs_fails_at_once_and_critic_text_works(tmp_path):
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: bash scripts/setup-tests.sh")
+    import time
+
+    from deliberation_env.backends.models import smollm2_gguf_path
+
+    with pytest.raises(FileNotFoundError, match="does not exist"), llama_server(tmp_path / "missing.gguf"):
+        pass
+    with llama_server(smollm2_gguf_path(), threads=2, n_ctx=2048, logits_all=False) as url:
+        backend = OpenAICompatibleBackend(url, model="smol", backoff=0.5)
+        start = time.monotonic()
+        with pytest.raises(BackendError, match="logits_all.*critic_text"):
+            backend.generate([_request(logprobs=True)])
+        assert time.monotonic() - start < 20 and backend.retries == 0  # no retries of a request that cannot succeed
+        env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=1, max_tokens=16,
+                                            critic_max_tokens=8, confidence="critic_text")
+        observations, infos = env.reset(seed=0)
+        assert {info["confidence_source"] for info in infos.values()} <= {"verbalized", "verdict", "default"}

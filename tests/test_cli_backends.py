@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-from test_backend_openai import llama_url  # noqa: F401 - the session fixture that starts the llama.cpp server
 
 TINY_ENV = ["--num-agents", "2", "--max-rounds", "1", "--max-tokens", "16", "--env-option", "critic_max_tokens=4"]
 
@@ -48,7 +47,7 @@ def test_train_and_evaluate_with_smollm2(tmp_path):
     assert (tmp_path / "smol.sqlite").stat().st_size > 0
 
 
-def test_evaluate_train_and_demo_against_a_llama_cpp_server(tmp_path, llama_url):  # noqa: F811
+def test_evaluate_train_and_demo_against_a_llama_cpp_server(tmp_path, llama_url):
     backend = ["--backend", "openai", "--base-url", llama_url, "--model", "smol", *TINY_ENV]
     evaluate = ["--protocols", "single", "self_consistency", "--problems", "2", "--seeds", "0",
                 "--num-envs", "2", "--cache", "server.sqlite", "--out", "eval"]
