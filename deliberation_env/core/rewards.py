@@ -56,12 +56,12 @@ REWARD_COMPONENTS: dict[str, Callable[[RoundFacts, int], float]] = {
 DEFAULT_REWARD_WEIGHTS: dict[str, float] = {"local": 1.0, "global": 1.0, "team": 0.0, "tokens": 0.0}
 
 
-def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    """Default weights updated by ``weights``; unknown names and non-finite values are errors."""
-    unknown = sorted(set(weights) - set(REWARD_COMPONENTS))
+def check_weights(weights: Mapping[str, float], defaults: Mapping[str, float] = DEFAULT_REWARD_WEIGHTS) -> dict[str, float]:
+    """``defaults`` updated by ``weights``; names not in ``defaults`` and non-finite values are errors."""
+    unknown = sorted(set(weights) - set(defaults))
     if unknown:
-        raise ValueError(f"unknown reward components {unknown}; known: {sorted(REWARD_COMPONENTS)}")
-    merged = dict(DEFAULT_REWARD_WEIGHTS)
+        raise ValueError(f"unknown reward components {unknown}; known: {sorted(defaults)}")
+    merged = dict(defaults)
     for name, value in weights.items():
         number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
         if not math.isfinite(number):
