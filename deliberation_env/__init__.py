@@ -29,7 +29,12 @@ def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int
 
 
 def env(**kwargs: Any):
-    """The same environment, PettingZoo AEC API (``parallel_to_aec`` plus the standard wrappers)."""
+    """The same environment, PettingZoo AEC API (``parallel_to_aec`` plus the standard wrappers).
+
+    Observations default to ``observation="masked"``: ``{"observation": vector, "action_mask": mask}``,
+    the AEC convention of PettingZoo's classic envs that AEC consumers (e.g. Tianshou) index.
+    """
+    kwargs.setdefault("observation", "masked")
     aec = parallel_to_aec(parallel_env(**kwargs))
     return pz_wrappers.OrderEnforcingWrapper(pz_wrappers.AssertOutOfBoundsWrapper(aec))
 

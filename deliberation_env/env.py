@@ -9,7 +9,8 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 | Parallel API       | yes (AEC form: ``deliberation_env.env(...)``)                               |
 | Agents             | ``agent_0`` ... ``agent_{N-1}`` (N = ``num_agents``, default 3)             |
 | Action shape       | scalar int                                                                  |
-| Observation        | Dict, identical space for every agent (below)                               |
+| Observation        | Dict, identical space for every agent (below); ``observation="flat"`` or    |
+|                    | ``"masked"`` for a Box or ``{"observation", "action_mask"}`` (``formats``)   |
 | Episode length     | ``max_rounds`` steps (default 3); optionally earlier, see ``early_stop``    |
 
 Observation of agent i (F = ``features.NUM_FEATURES`` = 16 floats in [0, 1] per agent, see
@@ -34,6 +35,9 @@ correct); weights from ``reward_weights=`` (default local 1, global 1, team 0, t
 ``action`` (the action applied), ``reward_<component>`` for every component, and the
 privileged ``correct``, ``consensus_correct``, ``concede_target`` (agent name or None),
 ``concede_target_correct`` and ``oracle_action`` (for logging and training labels only).
+``infos="numeric"`` keeps floats only (same keys every step), ``infos="none"`` empty dicts;
+``action_mask="info"`` or ``"both"`` also puts the mask in each info (see ``deliberation_env.formats``
+and docs/interop.md for each RL library's recipe).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from pettingzoo import ParallelEnv
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core import features
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
+from deliberation_env.formats import ObservationFormat
 from deliberation_env.registry import BACKENDS, TASKS
 from deliberation_env.tasks.base import Problem, Task
 
@@ -74,7 +79,13 @@ class DeliberationEnv(ParallelEnv):
         split: str = "test",
         render_mode: str | None = None,
         *,
-        invalid_action: str = "raise",
+        invalid_action: str | None = None,
+        observation: str = "dict",
+        action_mask: str = "observation",
+        action_mask_key: str = "action_mask",
+        observation_key: str = "observation",
+        infos: str = "full",
+        max_cycles: int | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
         backend_kwargs: Mapping[str, Any] | None = None,
         cache: str | None = None,
@@ -87,9 +98,16 @@ class DeliberationEnv(ParallelEnv):
             raise TypeError(f"unknown option(s) {unknown}; accepted: {', '.join(accepted_options())}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if invalid_action is None:  # a learner fed a flat vector cannot mask: masked actions become PERSIST
+            invalid_action = "persist" if observation == "flat" else "raise"
         if invalid_action not in INVALID_ACTION_MODES:
             raise ValueError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
+        if max_cycles is not None:  # PettingZoo's name for the episode length (its max_cycles_test passes it)
+            if max_rounds not in (3, max_cycles):
+                raise ValueError(f"max_cycles={max_cycles!r} and max_rounds={max_rounds!r} disagree; pass only one")
+            max_rounds = max_cycles
         self.config = DeliberationConfig(num_agents=num_agents, max_rounds=max_rounds, **options)
+        self.format = ObservationFormat(num_agents, observation, action_mask, action_mask_key, observation_key, infos)
         self.task = self._make_task(task, data_dir, dict(task_kwargs or {}))
         self.split = split
         self.problems: Sequence[Problem] = self.task.problems(split)
@@ -102,17 +120,8 @@ class DeliberationEnv(ParallelEnv):
         self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
         self.agents: list[str] = []
         self._index = {name: i for i, name in enumerate(self.possible_agents)}
-        peers = num_agents - 1
-        row = gymnasium.spaces.Box(0.0, 1.0, (features.NUM_FEATURES,), np.float32)
-        space = gymnasium.spaces.Dict(
-            {
-                "self": row,
-                "peers": gymnasium.spaces.Box(0.0, 1.0, (peers, features.NUM_FEATURES), np.float32),
-                "agreement": gymnasium.spaces.Box(0.0, 1.0, (peers,), np.float32),
-                "action_mask": gymnasium.spaces.Box(0, 1, (len(Action),), np.int8),
-            }
-        )
-        self.observation_spaces = {agent: space for agent in self.possible_agents}
+        self.observation_spaces = {agent: self.format.space for agent in self.possible_agents}
+        self.state_space = gymnasium.spaces.Box(0.0, 1.0, (num_agents * features.NUM_FEATURES,), np.float32)
         self.action_spaces = {agent: gymnasium.spaces.Discrete(len(Action)) for agent in self.possible_agents}
         self.deliberation = Deliberation(self.task, self.config)
         self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]
@@ -157,7 +166,7 @@ class DeliberationEnv(ParallelEnv):
         return backends
 
     # ------------------------------------------------------------------ PettingZoo API
-    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
+    def observation_space(self, agent: str) -> gymnasium.spaces.Space:
         return self.observation_spaces[agent]
 
     def action_space(self, agent: str) -> gymnasium.spaces.Discrete:
@@ -222,12 +231,16 @@ class DeliberationEnv(ParallelEnv):
         while requests := self.deliberation.pending_requests():
             self.deliberation.receive(generate_grouped(requests, self.backends))
 
-    def render(self) -> str | None:
-        if self.render_mode is None:
+    def render(self, mode: str | None = None) -> str | None:
+        """Render in ``render_mode`` (or ``mode``: RLlib's wrapper passes it positionally)."""
+        mode = mode or self.render_mode
+        if mode is None:
             gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'")
             return None
+        if mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render mode must be one of {self.metadata['render_modes']}, got {mode!r}")
         text = self._render_text()
-        if self.render_mode == "human":
+        if mode == "human":
             print(text)
             return None
         return text
@@ -298,7 +311,7 @@ class DeliberationEnv(ParallelEnv):
         self._last_actions = list(chosen)
         return chosen
 
-    def _observations(self) -> dict[str, dict[str, np.ndarray]]:
+    def _observations(self) -> dict[str, Any]:
         core = self.deliberation
         rows = core.feature_matrix()
         peer_rows = rows[self._peer_matrix]  # (N, N-1, F): one gather for all agents, fresh each step
@@ -307,12 +320,12 @@ class DeliberationEnv(ParallelEnv):
         for agent in self.agents:
             i = self._index[agent]
             own = answers[i]
-            observations[agent] = {
+            observations[agent] = self.format.observation({
                 "self": rows[i],
                 "peers": peer_rows[i],
                 "agreement": np.array([own is not None and answers[j] == own for j in self._peers[i]], dtype=np.float32),
                 "action_mask": core.action_mask(i),
-            }
+            })
         return observations
 
     def _infos(self, outcome: RoundOutcome | None) -> dict[str, dict[str, Any]]:
@@ -327,7 +340,7 @@ class DeliberationEnv(ParallelEnv):
             target = core.concede_target(i)
             components = outcome.components[i] if outcome else dict.fromkeys(core.config.reward_weights, 0.0)
             action = self._last_actions[i]
-            infos[agent] = {
+            infos[agent] = self.format.info({
                 "answer": state.answer,
                 "confidence": float(state.confidence),
                 "confidence_source": state.confidence_source,
@@ -343,7 +356,7 @@ class DeliberationEnv(ParallelEnv):
                 "concede_target": None if target is None else self.possible_agents[target],
                 "concede_target_correct": bool(target is not None and core.agents[target].correct),
                 "oracle_action": int(core.oracle_action(i)),
-            }
+            }, core.action_mask(i), self._index)
         return infos
 
     def _render_text(self) -> str:

@@ -1,5 +1,9 @@
 """Observation wrappers for RL libraries that expect flat vectors.
 
+The same formats are construction options (``parallel_env(observation="flat" | "masked")``,
+``deliberation_env.formats``), which ``pettingzoo.make`` users can pass too; these wrappers remain
+for wrapping an env built elsewhere.
+
 - ``FlattenObservation(env)``: each observation becomes one float32 Box vector:
   ``concat(self, peers.ravel(), agreement, action_mask)``; the mask stays readable as the
   last 3 entries. This is what SuperSuit's ``pettingzoo_env_to_vec_env_v1`` and
@@ -15,15 +19,12 @@ import gymnasium
 import numpy as np
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
-_KEYS = ("self", "peers", "agreement")
+from deliberation_env.formats import FEATURE_KEYS as _KEYS
+from deliberation_env.formats import flatten as _flatten
 
 
 def _flat_size(space: gymnasium.spaces.Dict, keys: tuple[str, ...]) -> int:
     return int(sum(np.prod(space[key].shape) for key in keys))
-
-
-def _flatten(observation: dict[str, np.ndarray], keys: tuple[str, ...]) -> np.ndarray:
-    return np.concatenate([np.asarray(observation[key], dtype=np.float32).ravel() for key in keys])
 
 
 class _ObservationWrapper(BaseParallelWrapper):

@@ -1,0 +1,130 @@
+"""Observation and info formats chosen at construction, for RL libraries that need one shape.
+
+``DeliberationEnv(observation=..., action_mask=..., infos=...)`` builds one ``ObservationFormat``
+and formats every observation and info through it (docs/interop.md has a recipe per library):
+
+- ``observation="dict"`` (default): ``{"self", "peers", "agreement", "action_mask"}``.
+- ``observation="flat"``: one float32 Box vector ``[self, peers.ravel(), agreement, action_mask]``
+  (the mask, when in the observation, is the last 3 entries).
+- ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (3,)}``,
+  PettingZoo's classic convention (``observation_key="observations"`` for RLlib's masking module).
+- ``action_mask="observation" | "info" | "both"``: where the legal-action mask goes, under
+  ``action_mask_key`` (default ``"action_mask"``).
+- ``infos="full" | "numeric" | "none"``: ``numeric`` keeps only float values (strings and None
+  become indices or -1), with the same keys every step, for libraries that stack infos into arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from deliberation_env.core import features
+
+OBSERVATION_MODES = ("dict", "flat", "masked")
+ACTION_MASK_PLACES = ("observation", "info", "both")
+INFO_MODES = ("full", "numeric", "none")
+FEATURE_KEYS = ("self", "peers", "agreement")
+NUM_ACTIONS = 3
+
+# full-info key -> how the numeric form encodes it (strings and None have no fixed numeric type)
+_NUMERIC_DROPPED = ("answer", "confidence_source", "consensus", "problem_id")
+_ACTION_INDEX = {"PERSIST": 0, "REFINE": 1, "CONCEDE": 2}
+
+
+def flatten(observation: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
+    """Concatenate the given keys of a dict observation into one float32 vector."""
+    return np.concatenate([np.asarray(observation[key], dtype=np.float32).ravel() for key in keys])
+
+
+def _check(name: str, value: Any, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+
+
+class ObservationFormat:
+    """Builds the observation space once and converts the env's dict observations and infos to it."""
+
+    def __init__(self, num_agents: int, observation: str = "dict", action_mask: str = "observation",
+                 action_mask_key: str = "action_mask", observation_key: str = "observation", infos: str = "full"):
+        _check("observation", observation, OBSERVATION_MODES)
+        _check("action_mask", action_mask, ACTION_MASK_PLACES)
+        _check("infos", infos, INFO_MODES)
+        for name, key in (("action_mask_key", action_mask_key), ("observation_key", observation_key)):
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"{name} must be a non-empty string, got {key!r}")
+        if observation == "masked" and action_mask == "info":
+            raise ValueError("observation='masked' puts the mask in the observation; use action_mask='observation' "
+                             "or 'both', or observation='flat' for a mask in infos only")
+        if observation == "masked" and action_mask_key == observation_key:
+            raise ValueError(f"observation_key and action_mask_key must differ, both are {observation_key!r}")
+        if observation == "dict" and action_mask_key in FEATURE_KEYS:
+            raise ValueError(f"action_mask_key {action_mask_key!r} clashes with an observation key {FEATURE_KEYS}")
+        self.mode, self.infos = observation, infos
+        self.mask_key, self.observation_key = action_mask_key, observation_key
+        self.mask_in_observation = action_mask in ("observation", "both")
+        self.mask_in_info = action_mask in ("info", "both")
+        self._flat_keys = (*FEATURE_KEYS, "action_mask") if self.mask_in_observation else FEATURE_KEYS
+        self.space = self._build_space(num_agents)
+
+    def _build_space(self, num_agents: int) -> gymnasium.spaces.Space:
+        peers, width = num_agents - 1, features.NUM_FEATURES
+        mask = gymnasium.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8)
+        if self.mode == "dict":
+            parts = {
+                "self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
+                "peers": gymnasium.spaces.Box(0.0, 1.0, (peers, width), np.float32),
+                "agreement": gymnasium.spaces.Box(0.0, 1.0, (peers,), np.float32),
+            }
+            if self.mask_in_observation:
+                parts[self.mask_key] = mask
+            return gymnasium.spaces.Dict(parts)
+        size = width * num_agents + peers + (NUM_ACTIONS if self.mode == "flat" and self.mask_in_observation else 0)
+        vector = gymnasium.spaces.Box(0.0, 1.0, (size,), np.float32)
+        if self.mode == "flat":
+            return vector
+        return gymnasium.spaces.Dict({self.observation_key: vector, self.mask_key: mask})
+
+    def observation(self, raw: dict[str, np.ndarray]) -> Any:
+        """Convert the env's ``{"self", "peers", "agreement", "action_mask"}`` to this format."""
+        if self.mode == "flat":
+            return flatten(raw, self._flat_keys)
+        if self.mode == "masked":
+            return {self.observation_key: flatten(raw, FEATURE_KEYS), self.mask_key: raw["action_mask"]}
+        if self.mask_in_observation and self.mask_key == "action_mask":
+            return raw
+        converted = {key: raw[key] for key in FEATURE_KEYS}
+        if self.mask_in_observation:
+            converted[self.mask_key] = raw["action_mask"]
+        return converted
+
+    def info(self, full: dict[str, Any], mask: np.ndarray, agent_index: dict[str, int]) -> dict[str, Any]:
+        """Convert one agent's full info dict to this format (adding the mask when it goes in infos)."""
+        if self.infos == "full":
+            info = full
+        elif self.infos == "none":
+            info = {}
+        else:
+            info = numeric_info(full, agent_index)
+        if self.mask_in_info:
+            info[self.mask_key] = mask
+        return info
+
+
+def numeric_info(full: dict[str, Any], agent_index: dict[str, int]) -> dict[str, float]:
+    """Only floats, same keys every step: actions and concede targets as indices, -1 for none."""
+    numeric: dict[str, float] = {}
+    for key, value in full.items():
+        if key in _NUMERIC_DROPPED:
+            continue
+        if key == "action":
+            numeric[key] = float(-1 if value is None else _ACTION_INDEX[value])
+        elif key == "concede_target":
+            numeric[key] = float(-1 if value is None else agent_index[value])
+        else:
+            numeric[key] = float(value)
+    numeric["has_answer"] = float(full["answer"] is not None)
+    return numeric
