@@ -1,0 +1,380 @@
+"""The deliberation with the agents' completions as actions: a text-action PettingZoo ParallelEnv.
+
+The same core state machine as the meta-action env (``deliberation_env.env``), driven by the
+agents' own text instead of a backend: each pending ``Request`` of the core becomes its agent's
+observation (the chat messages it would be prompted with, the request kind, the structured
+features), and the string the agent returns becomes that request's ``Completion``. The
+meta-actions (PERSIST / REFINE / CONCEDE) come from ``meta_policy``: a fixed schedule or a
+second policy. Rewards, infos, consensus and termination are the meta-action env's, plus the
+named turn terms of ``deliberation_env.text_rewards``.
+
+| Import          | ``deliberation_env.text_env(task="arithmetic", meta_policy="debate")``             |
+|-----------------|-------------------------------------------------------------------------------------|
+| Actions         | ``UnicodeText(max_action_chars)``: the completion, any str of at most that length    |
+| Observation     | Dict: ``kind`` Discrete(4), ``messages`` Sequence of {role, content}, ``features``   |
+| Step            | one phase of the core: every agent with a request answers it; the others wait      |
+| Episode length  | round 0 (solve, critic) then per round (refine if any, critic if any): 2-6 steps at the defaults |
+
+``kind``: 0 wait (nothing to answer; the action is ignored, send ""), 1 solve, 2 refine,
+3 critic. ``messages``: a tuple of ``{"role", "content"}`` dicts, ready for a chat template
+(empty while waiting). ``features``: the meta-action observation's ``self``, ``peers`` and
+``agreement`` (``deliberation_env.core.features``), as the state is when the request is made.
+``env.requests`` maps each agent with a turn to its core ``Request`` (``max_tokens``,
+``temperature``, ``seed`` for your sampler).
+
+Critic (confidence) calls: with ``critic="agent"`` (default) they are the agents' own turns
+(an agent states its confidence in its own answer; read from the text, as ``critic_text``);
+with a backend (a name such as ``"sim"`` or a ``Backend``) that backend answers them and the
+agents never see them; ``confidence="answer_logprobs"`` makes none (text actions carry no
+log-probabilities, so that confidence stays 0.5).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from pettingzoo import ParallelEnv
+
+from deliberation_env import text_rewards
+from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens
+from deliberation_env.core import features
+from deliberation_env.core.confidence import parse_confidence
+from deliberation_env.core.deliberation import Action, Phase
+from deliberation_env.env import DeliberationEnv, generate_grouped
+from deliberation_env.tasks.base import Task
+
+KINDS = ("wait", "solve", "refine", "critic")
+"""``observation["kind"]`` indexes this tuple."""
+SCHEDULES = {"debate": Action.REFINE, "self_consistency": Action.PERSIST}
+"""Named fixed meta-action schedules: every agent takes this action every round."""
+DEFAULT_MAX_PROMPT_CHARS = 32_768
+
+MetaPolicy = Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]]], Mapping[str, int]]
+
+
+class UnicodeText(gymnasium.spaces.Text):
+    """A ``Text`` space of any str up to ``max_length`` characters (samples use printable ASCII).
+
+    Gymnasium's ``Text`` only contains strings over its charset; model output is arbitrary Unicode.
+    """
+
+    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | None = None):
+        super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+class ActionKeyError(KeyError):
+    """Actions for the wrong set of agents (a KeyError whose message prints as written)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _TextActions:
+    """The meta env's backend when completions come from actions: it must never be asked."""
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        raise RuntimeError("the text env's completions are its agents' actions; nothing should call its backend")
+
+    def identity(self) -> str:
+        return "text-actions"
+
+
+class TextDeliberationEnv(ParallelEnv):
+    """The text-action env (see the module docstring)."""
+
+    metadata = {"name": "deliberation_text_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+
+    def __init__(
+        self,
+        task: str | Task = "arithmetic",
+        num_agents: int = 3,
+        max_rounds: int = 3,
+        data_dir: str | None = None,
+        split: str = "test",
+        render_mode: str | None = None,
+        *,
+        meta_policy: str | MetaPolicy | Any = "debate",
+        critic: str | Backend = "agent",
+        reward_weights: Mapping[str, float] | None = None,
+        max_action_chars: int | None = None,
+        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+        count_tokens: Callable[[str], int] = estimate_tokens,
+        **options: Any,
+    ):
+        if "backend" in options:
+            raise TypeError("the text env takes no backend: the agents' actions are the completions; "
+                            "pass critic=BACKEND to have a backend answer the confidence (critic) calls")
+        round_weights, self.turn_weights = text_rewards.split_weights(reward_weights)
+        backend = _TextActions() if isinstance(critic, str) and critic == "agent" else critic
+        self.meta = DeliberationEnv(task, backend, num_agents, max_rounds, data_dir, split, render_mode,
+                                    reward_weights=round_weights, **options)
+        self.critic_by_backend = not isinstance(backend, _TextActions)
+        self.meta_policy = _resolve_meta_policy(meta_policy)
+        config = self.meta.config
+        self.max_action_chars = 8 * config.max_tokens if max_action_chars is None else max_action_chars
+        for name, value in (("max_action_chars", self.max_action_chars), ("max_prompt_chars", max_prompt_chars)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not callable(count_tokens):
+            raise TypeError(f"count_tokens must be a callable str -> int (e.g. len(tokenizer.encode(s))), got {count_tokens!r}")
+        self.max_prompt_chars, self.count_tokens = int(max_prompt_chars), count_tokens
+        self.task, self.config, self.render_mode = self.meta.task, config, render_mode
+        self.possible_agents = list(self.meta.possible_agents)
+        self.agents: list[str] = []
+
+        peers = num_agents - 1
+        box = gymnasium.spaces.Box
+        message = gymnasium.spaces.Dict({"role": gymnasium.spaces.Text(9, min_length=4, charset=string.ascii_lowercase),
+                                         "content": UnicodeText(self.max_prompt_chars)})
+        space = gymnasium.spaces.Dict({
+            "kind": gymnasium.spaces.Discrete(len(KINDS)),
+            "messages": gymnasium.spaces.Sequence(message),
+            "features": gymnasium.spaces.Dict({
+                "self": box(0.0, 1.0, (features.NUM_FEATURES,), np.float32),
+                "peers": box(0.0, 1.0, (peers, features.NUM_FEATURES), np.float32),
+                "agreement": box(0.0, 1.0, (peers,), np.float32),
+            }),
+        })
+        self.observation_spaces = {agent: space for agent in self.possible_agents}
+        self.action_spaces = {agent: UnicodeText(self.max_action_chars) for agent in self.possible_agents}
+        self._pending: list[Request] = []
+        self._answers: list[Completion | None] = []
+        self._turns: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ PettingZoo API
+    def observation_space(self, agent: str) -> gymnasium.spaces.Dict:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> UnicodeText:
+        return self.action_spaces[agent]
+
+    @property
+    def deliberation(self):
+        """The core state machine (shared with ``self.meta``)."""
+        return self.meta.deliberation
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        """The core request each agent answers this step (agents that wait are absent)."""
+        return {self.possible_agents[i]: self._pending[p] for i, p in sorted(self._turns.items())}
+
+    def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        meta = self.meta
+        if seed is not None:
+            meta.np_random, meta.np_random_seed = gymnasium.utils.seeding.np_random(seed)
+        problem = meta._pick_problem(dict(options or {}))  # the same draws as DeliberationEnv.reset
+        meta.begin_reset(problem, int(meta.np_random.integers(0, 2**62)))
+        reset = getattr(self.meta_policy, "reset", None)
+        if callable(reset):
+            reset(seed)
+        self.agents = list(self.possible_agents)
+        self._advance()
+        infos = {agent: {"round": 0, "problem_id": problem.id} for agent in self.agents}
+        return self._observations(), infos
+
+    def step(self, actions: Mapping[str, Any]):
+        texts = self._validate(actions)
+        turns: dict[int, text_rewards.TurnFacts] = {}
+        for i, position in self._turns.items():
+            turns[i] = self._answer(position, texts[i])
+        if all(answer is not None for answer in self._answers):
+            self.deliberation.receive(self._answers)  # type: ignore[arg-type]
+            closed = self._advance()
+        else:  # an agent has several requests in this phase: it answers the next one in the next step
+            self._assign_turns()
+            closed = []
+        return self._finish_step(turns, closed)
+
+    def score(self, agent: str, texts: Sequence[str]) -> list[dict[str, float]]:
+        """The turn terms (and their weighted ``reward``) of candidate completions for ``agent``'s request.
+
+        Nothing advances: a trainer samples G completions, scores them here for group-relative
+        advantages, then acts with one of them. Round terms need the whole round, so they are absent.
+        """
+        index = self.possible_agents.index(agent) if agent in self.possible_agents else None
+        if index is None or index not in self._turns:
+            raise ValueError(f"{agent!r} has no request to answer now; agents with one: {sorted(self.requests)}")
+        scores = []
+        for text in texts:
+            self._check_text(agent, text)
+            terms = text_rewards.turn_terms(self._facts(self._pending[self._turns[index]], text))
+            scores.append({**terms, "reward": text_rewards.weighted(terms, self.turn_weights)})
+        return scores
+
+    def render(self) -> str | None:
+        return self.meta.render()
+
+    def state(self) -> np.ndarray:
+        return self.meta.state()
+
+    def close(self) -> None:
+        self.meta.close()
+
+    # ------------------------------------------------------------------ the phases
+    def _advance(self) -> list[tuple[dict[str, dict[str, Any]], dict[str, float]]]:
+        """Run the core until agents must write: close finished rounds, apply the meta-policy.
+
+        Returns the (infos, rewards) of every round closed on the way, as the meta env gave them.
+        """
+        meta, core, closed = self.meta, self.deliberation, []
+        while True:
+            requests = core.pending_requests()
+            if requests and self.critic_by_backend and all(r.kind == "critic" for r in requests):
+                core.receive(generate_grouped(requests, meta.backends))
+                continue
+            if requests:
+                self._pending, self._answers = requests, [None] * len(requests)
+                self._assign_turns()
+                return closed
+            if core.phase is Phase.READY:
+                observations, rewards, _, _, infos = meta.end_step()
+            else:  # round 0 is complete
+                observations, infos = meta.end_reset()
+                rewards = dict.fromkeys(infos, 0.0)
+            closed.append((infos, rewards))
+            if core.done:
+                self._pending, self._answers, self._turns = [], [], {}
+                return closed
+            meta.begin_step(self._meta_actions(observations, infos))
+
+    def _meta_actions(self, observations, infos) -> Mapping[str, Any]:
+        policy = self.meta_policy
+        actions = policy.act(observations, infos) if hasattr(policy, "act") else policy(observations, infos)
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"meta_policy must return a dict {{agent: action}}, got {type(actions).__name__}")
+        return actions
+
+    def _assign_turns(self) -> None:
+        """Each agent answers the first of its unanswered requests."""
+        self._turns = {}
+        for position, (request, answer) in enumerate(zip(self._pending, self._answers)):
+            if answer is None:
+                self._turns.setdefault(request.agent, position)
+
+    def _answer(self, position: int, text: str) -> text_rewards.TurnFacts:
+        request = self._pending[position]
+        self._answers[position] = Completion(text, sum(self.count_tokens(m.content) for m in request.messages),
+                                             self.count_tokens(text))
+        return self._facts(request, text)
+
+    def _facts(self, request: Request, text: str) -> text_rewards.TurnFacts:
+        core = self.deliberation
+        tokens = self.count_tokens(text)
+        if request.kind == "critic":
+            confidence, source = parse_confidence(Completion(text, 0, tokens))
+            return text_rewards.TurnFacts("critic", source != "default", core.agents[request.agent].correct,
+                                          confidence, tokens)
+        try:
+            answer = self.task.extract_answer(text)
+        except Exception:  # as the core does: an extractor bug on odd output is no answer
+            answer = None
+        return text_rewards.TurnFacts(request.kind, answer is not None, core.grade(answer), None, tokens)
+
+    def _finish_step(self, turns: Mapping[int, text_rewards.TurnFacts], closed):
+        core = self.deliberation
+        done = core.done
+        consensus_correct = core.grade(core.consensus()) if done else False
+        observations = self._observations()
+        rewards, infos = {}, {}
+        for i, agent in enumerate(self.possible_agents):
+            if agent not in self.agents:
+                continue
+            turn = turns.get(i, text_rewards.TurnFacts(None))
+            turn = text_rewards.TurnFacts(turn.kind, turn.readable, turn.correct, turn.confidence,
+                                          turn.completion_tokens, done, consensus_correct)
+            terms = text_rewards.turn_terms(turn)
+            rounds = [{**round_infos[agent], "reward": round_rewards[agent]} for round_infos, round_rewards in closed]
+            round_terms = {f"reward_{name}": sum((r.get(f"reward_{name}", 0.0) for r in rounds), 0.0)
+                           for name in text_rewards.ROUND_REWARDS}
+            rewards[agent] = sum(r["reward"] for r in rounds) + text_rewards.weighted(terms, self.turn_weights)
+            infos[agent] = {
+                **(rounds[-1] if rounds else {"round": core.round}),
+                **round_terms,
+                **{f"reward_{name}": value for name, value in terms.items()},
+                "reward": rewards[agent],
+                "kind": turn.kind,
+                "rounds_closed": len(rounds),
+                "rounds": rounds,
+            }
+        terminations = {agent: done for agent in self.agents}
+        truncations = {agent: False for agent in self.agents}
+        if done:
+            self.agents = []
+        return observations, rewards, terminations, truncations, infos
+
+    # ------------------------------------------------------------------ helpers
+    def _validate(self, actions: Mapping[str, Any]) -> dict[int, str]:
+        if not self.agents:
+            if self.deliberation.problem is None:
+                raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
+            raise RuntimeError("step() called after the episode ended; call env.reset() to start a new one")
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"actions must be a dict {{agent: completion text}}, got {type(actions).__name__}")
+        missing = [a for a in self.agents if a not in actions]
+        extra = [a for a in actions if a not in self.agents]
+        if missing or extra:
+            raise ActionKeyError(f"actions must have exactly one entry per live agent {self.agents} (\"\" for an agent "
+                           f"that waits); missing {missing}, unknown {extra}")
+        for agent in self.agents:
+            self._check_text(agent, actions[agent])
+        return {i: str(actions[agent]) for i, agent in enumerate(self.possible_agents) if agent in actions}
+
+    def _check_text(self, agent: str, text: Any) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"the action of {agent} must be a str (its completion text), got {type(text).__name__}: "
+                            f"{text!r:.80}")
+        if len(text) > self.max_action_chars:
+            raise ValueError(f"the action of {agent} has {len(text)} characters, more than the action space's "
+                             f"max_length {self.max_action_chars}: cap the completion (the request's max_tokens) "
+                             "or pass a larger max_action_chars=")
+
+    def _observations(self) -> dict[str, dict[str, Any]]:
+        core = self.deliberation
+        rows = core.feature_matrix()
+        answers = [a.answer for a in core.agents]
+        observations = {}
+        for agent in self.agents:
+            i = self.possible_agents.index(agent)
+            peers = core.peer_indices(i)
+            request = self._pending[self._turns[i]] if i in self._turns else None
+            messages = () if request is None else tuple(m.as_dict() for m in request.messages)
+            for message in messages:
+                if len(message["content"]) > self.max_prompt_chars:
+                    raise ValueError(f"a {request.kind} prompt of {agent} has {len(message['content'])} characters, "
+                                     f"more than max_prompt_chars={self.max_prompt_chars}; pass a larger one")
+            own = answers[i]
+            observations[agent] = {
+                "kind": 0 if request is None else KINDS.index(request.kind),
+                "messages": messages,
+                "features": {
+                    "self": rows[i],
+                    "peers": rows[peers],
+                    "agreement": np.array([own is not None and answers[j] == own for j in peers], dtype=np.float32),
+                },
+            }
+        return observations
+
+
+def _resolve_meta_policy(policy: Any) -> Any:
+    if isinstance(policy, str):
+        if policy not in SCHEDULES:
+            raise ValueError(f"unknown meta_policy {policy!r}; named schedules: {sorted(SCHEDULES)}, "
+                             "or pass a callable (observations, infos) -> {agent: action}")
+        action = int(SCHEDULES[policy])
+        return lambda observations, infos: dict.fromkeys(observations, action)
+    if not (callable(policy) or callable(getattr(policy, "act", None))):
+        raise TypeError(f"meta_policy must be a schedule name {sorted(SCHEDULES)}, a callable (observations, infos) "
+                        f"-> {{agent: action}} or an object with act(observations, infos); got {policy!r}")
+    return policy
+
+
+def text_env(task: str | Task = "arithmetic", num_agents: int = 3, max_rounds: int = 3, **kwargs: Any) -> TextDeliberationEnv:
+    """The deliberation with completions as actions (see the ``deliberation_env.text`` module docstring)."""
+    return TextDeliberationEnv(task=task, num_agents=num_agents, max_rounds=max_rounds, **kwargs)
