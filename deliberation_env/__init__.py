@@ -14,6 +14,7 @@ from pettingzoo.utils import wrappers as pz_wrappers  # not `wrappers`: our subm
 from deliberation_env.core.deliberation import Action
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.registry import BACKENDS, TASKS
+from deliberation_env.text import TextDeliberationEnv, text_env
 
 __version__ = "0.1.0"
 
@@ -55,4 +56,5 @@ def _register_with_pettingzoo() -> None:
 ENV_ID = "deliberation_env/Deliberation-v0"
 _register_with_pettingzoo()
 
-__all__ = ["ENV_ID", "Action", "BACKENDS", "DeliberationEnv", "TASKS", "env", "parallel_env", "raw_env", "__version__"]
+__all__ = ["ENV_ID", "Action", "BACKENDS", "DeliberationEnv", "TASKS", "TextDeliberationEnv", "env", "parallel_env",
+           "raw_env", "text_env", "__version__"]
