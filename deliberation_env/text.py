@@ -13,7 +13,7 @@ named turn terms of ``deliberation_env.text_rewards``.
 | Actions         | ``UnicodeText(max_action_chars)``: the completion, any str of at most that length    |
 | Observation     | Dict: ``kind`` Discrete(4), ``messages`` Sequence of {role, content}, ``features``   |
 | Step            | one phase of the core: every agent with a request answers it; the others wait      |
-| Episode length  | round 0 (solve, critic) then per round (refine if any, critic if any): 2-6 steps at the defaults |
+| Episode length  | round 0 (solve, critic), then per round a refine and a critic step where any: 2 to 2 + 2 * max_rounds steps |
 
 ``kind``: 0 wait (nothing to answer; the action is ignored, send ""), 1 solve, 2 refine,
 3 critic. ``messages``: a tuple of ``{"role", "content"}`` dicts, ready for a chat template

@@ -51,3 +51,9 @@ def test_evaluate_without_a_checkpoint_says_how_to_get_one(tmp_path, data_dir):
                           env={**os.environ, "DELIBERATION_ENV_DATA": str(data_dir)}, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode != 0 and "train one first" in done.stderr
+
+
+def test_text_env_own_llm_logs_each_reward_term(tmp_path):
+    out = run_example("text_env_own_llm.py", tmp_path)
+    terms = dict(item.rsplit(" ", 1) for item in out.strip().split(", "))
+    assert float(terms["format"]) == 1.0 and float(terms["correct"]) < 0.5 and float(terms["length"]) < 0
