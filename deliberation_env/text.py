@@ -224,6 +224,7 @@ class TextDeliberationEnv(ParallelEnv):
         Returns the (infos, rewards) of every round closed on the way, as the meta env gave them.
         """
         meta, core, closed = self.meta, self.deliberation, []
+        self._pending, self._answers, self._turns = [], [], {}  # until it returns: nothing to answer
         while True:
             requests = core.pending_requests()
             if requests and self.critic_by_backend and all(r.kind == "critic" for r in requests):
@@ -240,7 +241,6 @@ class TextDeliberationEnv(ParallelEnv):
                 rewards = dict.fromkeys(infos, 0.0)
             closed.append((infos, rewards))
             if core.done:
-                self._pending, self._answers, self._turns = [], [], {}
                 return closed
             meta.begin_step(self._meta_actions(observations, infos))
 
@@ -315,6 +315,9 @@ class TextDeliberationEnv(ParallelEnv):
             if self.deliberation.problem is None:
                 raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
             raise RuntimeError("step() called after the episode ended; call env.reset() to start a new one")
+        if not self._pending:
+            raise RuntimeError("the last reset() or step() was interrupted (e.g. the meta_policy or a critic backend "
+                               "raised) before the next requests were made; call env.reset() to start a new episode")
         if not isinstance(actions, Mapping):
             raise TypeError(f"actions must be a dict {{agent: completion text}}, got {type(actions).__name__}")
         missing = [a for a in self.agents if a not in actions]

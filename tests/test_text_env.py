@@ -220,6 +220,9 @@ def test_bad_input_gets_a_clear_error():
     bad_policy.step(dict.fromkeys(bad_policy.agents, "The answer is 1."))
     with pytest.raises(TypeError, match="meta_policy must return a dict"):
         bad_policy.step(dict.fromkeys(bad_policy.agents, "Confidence: 1"))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        bad_policy.step(dict.fromkeys(bad_policy.agents, ""))
+    assert bad_policy.reset(seed=1)[0]["agent_0"]["kind"] == 1
 
 
 def test_action_space_samples_are_valid_actions():
