@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from pettingzoo.test import parallel_api_test
+from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 from deliberation_env.backends import SimBackend
 from deliberation_env.backends.base import Completion, estimate_tokens
@@ -108,6 +108,7 @@ def test_critic_turns_belong_to_the_agents_unless_a_backend_serves_them():
 def test_parallel_api_test():
     parallel_api_test(text_env(), num_cycles=50)
     parallel_api_test(text_env(meta_policy=oracle, critic="sim", num_agents=2), num_cycles=50)
+    parallel_seed_test(lambda: text_env(max_action_chars=64), num_cycles=20)
 
 
 def test_observations_are_the_cores_prompts_and_stay_in_their_spaces():
