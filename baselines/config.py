@@ -69,6 +69,10 @@ class BaseConfig:
     """Environment instances stepped in lockstep (one batched forward pass per round)."""
     threads: int = 1
     """torch CPU threads."""
+    num_workers: int = 0
+    """Ray actors that collect the rollouts, each driving num_envs envs (0: collect in this process; needs the ray extra)."""
+    ray_address: str | None = None
+    """With --num-workers: the Ray cluster to join (e.g. 10.0.0.1:6379 or auto; default: start a local Ray instance)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True
@@ -91,6 +95,10 @@ class BaseConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.ray_address and not self.num_workers:
+            raise ValueError("--ray-address needs --num-workers N (N >= 1 Ray rollout workers)")
 
 
 def backend_settings(cfg: BaseConfig) -> BackendSettings:
@@ -110,19 +118,28 @@ def env_kwargs(cfg: BaseConfig, split: str) -> dict[str, Any]:
     return kwargs
 
 
-def make_env_fn(cfg: BaseConfig, split: str = "train", backend: Any = None):
-    """A factory of deliberation environments as the config describes. Every env it makes shares one backend
-    object (``backend``, else the config's, built on the first call), so a batch of envs is answered together."""
-    import deliberation_env
+class EnvFactory:
+    """A factory of deliberation environments as a config describes. Every env it makes shares one backend object
+    (the one given, else the config's, built on the first call), so a batch of envs is answered together. A pickled
+    copy (e.g. shipped to a Ray rollout worker) leaves the backend behind and builds its own from the config."""
 
-    shared = [backend]
+    def __init__(self, cfg: BaseConfig, split: str = "train", backend: Any = None):
+        self.cfg, self.split, self.backend = cfg, split, backend
 
-    def env_fn():
-        if shared[0] is None:
-            shared[0] = backend_settings(cfg).build()
-        return deliberation_env.parallel_env(backend=shared[0], **env_kwargs(cfg, split))
+    def __call__(self) -> Any:
+        import deliberation_env
 
-    return env_fn
+        if self.backend is None:
+            self.backend = backend_settings(self.cfg).build()
+        return deliberation_env.parallel_env(backend=self.backend, **env_kwargs(self.cfg, self.split))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg, "split": self.split, "backend": None}
+
+
+def make_env_fn(cfg: BaseConfig, split: str = "train", backend: Any = None) -> EnvFactory:
+    """An ``EnvFactory`` of the config's environments on ``split`` (sharing ``backend`` when given)."""
+    return EnvFactory(cfg, split, backend)
 
 
 # ----------------------------------------------------------------------------- argparse from docstrings

@@ -26,8 +26,9 @@ import torch
 
 from baselines.common import Policy, agent_layout, kl_and_entropy, save_checkpoint, seed_everything
 from baselines.config import BaseConfig, make_env_fn
+from baselines.distributed import open_collector
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.rollout import EpisodeSpec, Rollouts, collect, rollout_metrics
+from baselines.rollout import EpisodeSpec, Rollouts, rollout_metrics, sampling_key
 
 
 @dataclass
@@ -123,8 +124,8 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
     generator = seed_everything(cfg.seed, cfg.threads)
     env_fn = env_fn or make_env_fn(cfg)
     batch = cfg.group_size * cfg.groups_per_batch
-    envs = [env_fn() for _ in range(min(cfg.num_envs, batch))]
-    layout = agent_layout(envs[0])
+    collector = open_collector(cfg, env_fn, min(cfg.num_envs, batch))
+    layout = agent_layout(collector.env)
     policy = policy or Policy(layout, cfg.hidden)
     if cfg.init:
         load_into(policy, cfg.init)
@@ -141,8 +142,9 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
     while done < budget:
         groups = min(cfg.groups_per_batch, (budget - done) // cfg.group_size)  # the last batch may be smaller
         seeds = rng.integers(0, 2**31 - 1, size=groups)
-        specs = [EpisodeSpec(int(seed), g) for g, seed in enumerate(seeds) for _ in range(cfg.group_size)]
-        ro = collect(envs, layout, policy, specs, generator, cfg.reward_scale)
+        specs = [EpisodeSpec(int(seed), g, stream=done + g * cfg.group_size + k)
+                 for g, seed in enumerate(seeds) for k in range(cfg.group_size)]
+        ro = collector.collect(layout, policy, specs, sampling_key(cfg.seed, algo), reward_scale=cfg.reward_scale)
         advantages = advantages_fn(ro)
         stats = update(policy, reference, optimizer, ro, advantages, cfg, generator)
         done += len(specs)
@@ -152,7 +154,6 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
         bar.set_postfix(acc=metrics.get("accuracy", float("nan")), ret=metrics["episode_return"], kl=stats["kl"])
     bar.close()
     logger.close()
-    for env in envs:
-        env.close()
+    collector.close()
     save_checkpoint(os.path.join(out, "policy.pt"), policy, algo, asdict(cfg))
     return policy

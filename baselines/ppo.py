@@ -25,9 +25,10 @@ import torch
 
 from baselines.common import Policy, agent_layout, build_network, mlp, save_checkpoint, seed_everything
 from baselines.config import BaseConfig, make_env_fn
+from baselines.distributed import open_collector
 from baselines.group_trainer import actor_loss
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.rollout import EpisodeSpec, Rollouts, collect, global_state, rollout_metrics, trajectories
+from baselines.rollout import EpisodeSpec, Rollouts, global_state, rollout_metrics, sampling_key, trajectories
 
 
 @dataclass
@@ -95,13 +96,14 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     out = cfg.out or f"runs/ppo-seed{cfg.seed}"
     generator = seed_everything(cfg.seed, cfg.threads)
     env_fn = env_fn or make_env_fn(cfg)
-    envs = [env_fn() for _ in range(min(cfg.num_envs, cfg.episodes_per_batch))]
-    layout = agent_layout(envs[0])
+    collector = open_collector(cfg, env_fn, min(cfg.num_envs, cfg.episodes_per_batch))
+    env = collector.env
+    layout = agent_layout(env)
     policy = Policy(layout, cfg.hidden)
-    num_agents = len(envs[0].possible_agents)
+    num_agents = len(env.possible_agents)
     if cfg.centralized_critic:
-        obs, _ = envs[0].reset(seed=cfg.seed)
-        critic: torch.nn.Module = mlp(len(global_state(envs[0], layout, obs)) + num_agents, cfg.hidden, 1)
+        obs, _ = env.reset(seed=cfg.seed)
+        critic: torch.nn.Module = mlp(len(global_state(env, layout, obs)) + num_agents, cfg.hidden, 1)
     else:
         critic = build_network(layout, 1, cfg.hidden)
     params = list(policy.parameters()) + list(critic.parameters())
@@ -112,8 +114,9 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     done = 0
     while done < cfg.episodes:
         seeds = rng.integers(0, 2**31 - 1, size=min(cfg.episodes_per_batch, cfg.episodes - done))  # never past the budget
-        specs = [EpisodeSpec(int(s), i) for i, s in enumerate(seeds)]
-        ro = collect(envs, layout, policy, specs, generator, cfg.reward_scale, want_state=cfg.centralized_critic)
+        specs = [EpisodeSpec(int(s), i, stream=done + i) for i, s in enumerate(seeds)]
+        ro = collector.collect(layout, policy, specs, sampling_key(cfg.seed, "ppo"), reward_scale=cfg.reward_scale,
+                               want_state=cfg.centralized_critic)
         x, mask = torch.from_numpy(ro.obs), torch.from_numpy(ro.mask)
         critic_in = centralized_input(ro, num_agents) if cfg.centralized_critic else x
         with torch.no_grad():
@@ -143,7 +146,6 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
         bar.set_postfix(acc=metrics.get("accuracy", float("nan")), ret=metrics["episode_return"])
     bar.close()
     logger.close()
-    for env in envs:
-        env.close()
+    collector.close()
     save_checkpoint(os.path.join(out, "policy.pt"), policy, "ppo", asdict(cfg))
     return policy

@@ -7,11 +7,14 @@ reset and stepped together through ``deliberation_env.vector.BatchedEnvs`` (one 
 call per distinct backend per phase for the whole pool; envs sharing one backend object share
 its calls); other PettingZoo envs are stepped one by one. Episodes of one group use the same
 seed, so they start from the same state and differ only in the sampled actions (and in
-whatever randomness the environment draws after them).
+whatever randomness the environment draws after them). Each episode samples its actions from
+its own stream, ``SeedSequence([*key, spec.stream])``, so an episode plays the same whichever
+batch, wave or rollout worker (``baselines.distributed``) plays it.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +60,8 @@ class EpisodeSpec:
     seed: int
     group: int
     options: dict[str, Any] | None = None
+    stream: int | None = None
+    """Index of the episode's action-sampling stream under collect's key (None: its position in the specs)."""
 
 
 @dataclass
@@ -90,19 +95,38 @@ def global_state(env: Any, layout: ObsLayout, obs: dict[str, Any]) -> np.ndarray
     return np.concatenate(rows)
 
 
+def sampling_key(seed: int, stage: str) -> tuple[int, int]:
+    """The key of one training stage's action-sampling streams (the run's seed and a stable id of the stage)."""
+    return seed % 2**63, zlib.crc32(stage.encode())
+
+
+def episode_stream(key: Sequence[int], index: int) -> np.random.Generator:
+    """The action-sampling stream of episode ``index`` under ``key``."""
+    return np.random.default_rng(np.random.SeedSequence([*(int(k) for k in key), int(index)]))
+
+
+def sample(logp: torch.Tensor, uniforms: np.ndarray) -> torch.Tensor:
+    """One action per row of log-probabilities by inverting the CDF at ``uniforms`` in (0, 1] (a zero-probability,
+    i.e. masked, action is never picked)."""
+    cdf = logp.double().exp().cumsum(-1)
+    threshold = torch.from_numpy(uniforms) * cdf[:, -1]
+    return (cdf < threshold[:, None]).sum(-1).clamp_(max=logp.shape[1] - 1)
+
+
 def collect(
     envs: Sequence[Any],
     layout: ObsLayout,
     policy: Policy | None,
     specs: Sequence[EpisodeSpec],
-    generator: torch.Generator,
+    key: Sequence[int],
     reward_scale: float = 1.0,
     label_key: str | None = None,
     want_state: bool = False,
     on_episodes: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes). ``policy=None`` plays uniformly random legal
-    actions; ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
+    actions; episode i samples them from ``episode_stream(key, specs[i].stream)`` (``sampling_key`` makes a key);
+    ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
     rows: dict[str, list[Any]] = {k: [] for k in ("obs", "mask", "actions", "logp", "rewards", "episode", "group",
                                                    "agent", "step", "labels", "state")}
     summaries: list[dict[str, Any]] = []
@@ -110,6 +134,7 @@ def collect(
     for start in range(0, len(specs), len(envs)):
         wave = list(specs[start : start + len(envs)])
         obs, infos, live, base = {}, {}, [], start
+        streams = [episode_stream(key, start + i if spec.stream is None else spec.stream) for i, spec in enumerate(wave)]
         for e, (spec, (obs[e], infos[e])) in enumerate(zip(wave, pool.reset([s.seed for s in wave],
                                                                              [s.options for s in wave]))):
             env = envs[e]
@@ -131,7 +156,7 @@ def collect(
                 with torch.no_grad():
                     logits = policy(x, mask)
             logp_all = torch.log_softmax(logits, -1)
-            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            actions = sample(logp_all, np.concatenate([1.0 - streams[e].random(len(envs[e].agents)) for e in live]))
             logp = logp_all.gather(1, actions[:, None]).squeeze(1)
             chosen: dict[int, dict[str, int]] = {e: {} for e in live}
             states = {e: global_state(envs[e], layout, obs[e]) for e in live} if want_state else {}

@@ -21,8 +21,9 @@ import torch
 
 from baselines.common import Policy, agent_layout, save_checkpoint, seed_everything
 from baselines.config import BaseConfig, make_env_fn
+from baselines.distributed import open_collector
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.rollout import EpisodeSpec, collect, rollout_metrics
+from baselines.rollout import EpisodeSpec, rollout_metrics, sampling_key
 
 
 @dataclass
@@ -54,16 +55,17 @@ def train(cfg: SFTConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     out = cfg.out or f"runs/sft-seed{cfg.seed}"
     generator = seed_everything(cfg.seed, cfg.threads)
     env_fn = env_fn or make_env_fn(cfg)
-    envs = [env_fn() for _ in range(min(cfg.num_envs, max(1, cfg.episodes)))]
-    layout = agent_layout(envs[0])
+    collector = open_collector(cfg, env_fn, min(cfg.num_envs, max(1, cfg.episodes)))
+    layout = agent_layout(collector.env)
     policy = Policy(layout, cfg.hidden)
     rng = np.random.default_rng(cfg.seed)
     specs = [EpisodeSpec(int(s), i) for i, s in enumerate(rng.integers(0, 2**31 - 1, size=cfg.episodes))]
     with progress_bar(cfg.episodes, "sft data", cfg.progress) as bar:
-        ro = collect(envs, layout, policy if cfg.behaviour == "policy" else None, specs, generator, cfg.reward_scale,
-                     label_key=cfg.label_key, on_episodes=bar.update)
-    for env in envs:
-        env.close()
+        ro = collector.collect(layout, policy if cfg.behaviour == "policy" else None, specs,
+                               sampling_key(cfg.seed, "sft"), reward_scale=cfg.reward_scale, label_key=cfg.label_key,
+                               on_episodes=bar.update if cfg.num_workers == 0 else None)
+        bar.update(cfg.episodes - bar.n)
+    collector.close()
     labels = ro.labels
     legal = (labels >= 0) & (labels < layout.num_actions)
     legal[legal] &= ro.mask[np.flatnonzero(legal), labels[legal]]

@@ -6,6 +6,7 @@
 
     python -m baselines.train --algo sft --backend transformers --model smollm2 --cache runs/smol.sqlite
     python -m baselines.train --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME --max-tokens 256
+    python -m baselines.train --algo grpo --num-workers 4 [--ray-address HEAD:6379]   # rollouts in Ray actors
 
 Algorithms: softrankpo (SFT stage, then SoftRankPO), grpo, ppo (+ --centralized-critic for
 MAPPO), magrpo, sft. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
@@ -138,12 +139,21 @@ def main(argv: Sequence[str] | None = None) -> Policy:
     try:
         cfg.validate()
         options.validate()
-    except ValueError as error:
+        if cfg.num_workers:
+            from baselines.distributed import require_ray
+
+            require_ray()
+    except (ValueError, ImportError) as error:
         parser.error(str(error))
     for name in ("init", "reference", "sft_init"):  # checkpoints to start from: a missing one fails now
         if getattr(cfg, name, None):
             with user_input(f"--{name.replace('_', '-')}"):
                 load_checkpoint(getattr(cfg, name))
+    if cfg.num_workers:
+        from baselines.distributed import connect
+
+        with user_input(f"--ray-address {cfg.ray_address}" if cfg.ray_address else "starting a local Ray instance"):
+            connect(cfg.ray_address)
     with user_input():
         backend = backend_settings(cfg).build()
         env_fn = make_env_fn(cfg, "train", backend)

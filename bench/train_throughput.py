@@ -26,7 +26,7 @@ from _results import command_line, save_markdown
 import deliberation_env
 from baselines.common import Policy, agent_layout, seed_everything
 from baselines.logger import read_metrics
-from baselines.rollout import EpisodeSpec, collect
+from baselines.rollout import EpisodeSpec, collect, sampling_key
 from baselines.softrankpo import SoftRankPOConfig, train
 
 
@@ -63,12 +63,12 @@ def bare(episodes: int) -> tuple[float, float]:
 
 def collection_only(episodes: int, num_envs: int, use_policy: bool) -> tuple[float, float]:
     """(rounds/s, REFINE share): collect() with random legal actions (as the bare loop) or the policy."""
-    generator = seed_everything(0, 1)
+    seed_everything(0, 1)
     envs = [counting_env() for _ in range(num_envs)]
     layout = agent_layout(envs[0])
     specs = [EpisodeSpec(s, s // 8) for s in range(episodes)]
     Counter.rounds, start = 0, time.perf_counter()
-    ro = collect(envs, layout, Policy(layout) if use_policy else None, specs, generator)
+    ro = collect(envs, layout, Policy(layout) if use_policy else None, specs, sampling_key(0, "bench"))
     return Counter.rounds / (time.perf_counter() - start), float(np.mean(ro.actions == 1))
 
 

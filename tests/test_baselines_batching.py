@@ -132,8 +132,8 @@ def test_collect_batches_deliberation_envs_and_keeps_their_results():
     plain = [Delegate(deliberation_env.parallel_env(split="train")) for _ in range(4)]
     layout = agent_layout(batched[0])
     policy = Policy(layout, hidden=16)
-    a = collect(batched, layout, policy, specs, torch.Generator().manual_seed(1))
-    b = collect(plain, layout, policy, specs, torch.Generator().manual_seed(1))
+    a = collect(batched, layout, policy, specs, (1,))
+    b = collect(plain, layout, policy, specs, (1,))
     for name in ("obs", "mask", "actions", "logp", "rewards", "episode", "group", "agent", "step"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     assert a.episodes == b.episodes

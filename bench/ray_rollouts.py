@@ -1,0 +1,137 @@
+"""Rollout rounds/s with 1 vs 2 Ray workers against a server that answers every request after a fixed latency.
+
+    python bench/ray_rollouts.py --latency 0.2 --batches 3
+
+A loopback OpenAI-compatible server (127.0.0.1, threaded) sleeps ``--latency`` seconds per request, then replies
+with a fixed answer; the envs use the real ``openai`` backend (no cache) through ``baselines.distributed``'s
+``RayCollector``, as ``python -m baselines.train --num-workers N`` does. One batch is ``--waves`` waves of
+``--num-envs`` envs (3 agents, 3 rounds) played by the (untrained) policy; the same batches are timed with 1 and
+with 2 workers in this one run (after one warm-up batch each). A round is one ``env.step`` of one env.
+
+Per-worker overhead: the same batches once more with the server's latency set to 0, so what is left of a worker's
+time is everything but waiting on the server (encoding, the forward pass, env logic, HTTP on loopback); plus Ray's
+own cost per batch (the learner's wall time minus the slowest worker's collecting time). Saves
+bench/results/ray_rollouts.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import ray
+from _results import save_markdown
+
+from baselines.common import Policy, agent_layout
+from baselines.config import BaseConfig, make_env_fn
+from baselines.distributed import RayCollector
+from baselines.rollout import EpisodeSpec, sampling_key
+
+REPLY = json.dumps({"choices": [{"message": {"role": "assistant", "content": "The answer is 4. Confidence: 80%"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 40, "completion_tokens": 8}}).encode()
+
+
+class LatencyServer:
+    """Answers every POST with ``REPLY`` after ``latency`` seconds, many requests at a time."""
+
+    def __init__(self, latency: float):
+        self.latency, self.requests = latency, 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real server
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["content-length"]))
+                outer.requests += 1
+                time.sleep(outer.latency)
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(REPLY)))
+                self.end_headers()
+                self.wfile.write(REPLY)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def measure(collector: RayCollector, policy: Policy, batches: list[list[EpisodeSpec]]) -> dict[str, float]:
+    """Rounds/s over ``batches`` (after a warm-up batch), and per batch the slowest worker's collecting time."""
+    layout = agent_layout(collector.env)
+    collector.collect(layout, policy, batches[0], sampling_key(0, "bench"))  # warm-up: connections, first imports
+    rounds, wave_rounds, wall, busy = 0, 0, 0.0, 0.0
+    for specs in batches[1:]:
+        start = time.perf_counter()
+        ro = collector.collect(layout, policy, specs, sampling_key(0, "bench"))
+        wall += time.perf_counter() - start
+        busy += max(collector.worker_seconds)
+        lengths = [episode["length"] for episode in ro.episodes]
+        rounds += sum(lengths)
+        wave_rounds += sum(max(lengths[i:i + collector.wave]) for i in range(0, len(lengths), collector.wave))
+    return {"rounds": rounds, "wave_rounds": wave_rounds, "wall": wall, "rate": rounds / wall, "busy": busy,
+            "batches": len(batches) - 1}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds the server waits per request")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs per worker (one wave)")
+    parser.add_argument("--waves", type=int, default=4, help="waves per batch (split between the workers)")
+    parser.add_argument("--batches", type=int, default=3, help="timed batches per setting (plus one warm-up)")
+    args = parser.parse_args()
+
+    server = LatencyServer(args.latency)
+    cfg = BaseConfig(backend="openai", base_url=[server.url], model="latency", backend_options={"logprobs": False},
+                     num_envs=args.num_envs)
+    env_fn = make_env_fn(cfg)
+    episodes = args.num_envs * args.waves
+    batches = [[EpisodeSpec(seed=1000 * b + i, group=i // 4, stream=b * episodes + i) for i in range(episodes)]
+               for b in range(args.batches + 1)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for workers in (1, 2):
+            collector = RayCollector(env_fn, args.num_envs, workers)
+            policy = Policy(agent_layout(collector.env))
+            server.latency = args.latency
+            results[f"{workers} worker{'s' * (workers > 1)}"] = measure(collector, policy, batches)
+            server.latency = 0.0
+            results[f"{workers} worker{'s' * (workers > 1)}, latency 0"] = measure(collector, policy, batches)
+            collector.close()
+    finally:
+        ray.shutdown()
+        server.close()
+
+    one, two = results["1 worker"], results["2 workers"]
+    lines = ["| setting | rounds | wall s | rounds / s | worker busy s (slowest, per batch) | Ray overhead s / batch |",
+             "|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['rounds']} | {r['wall']:.2f} | {r['rate']:.1f} | {r['busy'] / r['batches']:.3f} | "
+                     f"{(r['wall'] - r['busy']) / r['batches']:.3f} |")
+    free = results["1 worker, latency 0"]
+    lines += ["", f"**2 workers / 1 worker: {two['rate'] / one['rate']:.2f}x** rounds/s (target >= 1.8x)",
+              f"per-worker overhead (time not waiting on the server, latency 0, 1 worker): "
+              f"{1000 * free['busy'] / free['rounds']:.2f} ms per env round, "
+              f"{1000 * free['busy'] / free['wave_rounds']:.1f} ms per lockstep round of a wave ({args.num_envs} envs); "
+              f"Ray's cost per batch (learner wall - slowest worker): {1000 * (one['wall'] - one['busy']) / one['batches']:.0f} ms"]
+    header = (f"Ray rollout workers vs a {1000 * args.latency:.0f} ms-latency loopback server: {args.waves} waves x "
+              f"{args.num_envs} envs per batch, 3 agents, 3 rounds, {args.batches} timed batches per setting, "
+              f"untrained policy, 2-core machine")
+    save_markdown("ray_rollouts", header, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
