@@ -3,10 +3,11 @@ Markdown table there."""
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import sys
+
+from baselines.stats import wilson_interval  # noqa: F401 - re-exported for the bench scripts
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -24,13 +25,3 @@ def save_markdown(stem: str, header: str, table: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"{header}\n\n`{command_line()}`\n\n{table}\n")
     return path
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for z = 1.96)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)

@@ -113,7 +113,9 @@ class TransformersBackend:
         num_threads: int | None = None,
         trust_remote_code: bool = False,
     ):
-        """``model``: a local model directory (or hub id), or a ``.gguf`` file path.
+        """``model``: a local model directory (or hub id), a ``.gguf`` file path, or a PEFT adapter folder
+        (``adapter_config.json``; its base, a path relative to the folder or a hub id, is loaded and the adapter
+        merged in: the base-plus-adapter checkpoints of ``baselines.train_llm``; needs ``peft``).
 
         ``gguf_file``: a GGUF file name inside ``model`` (or a full path). ``dtype``: bfloat16
         (fastest on most CPUs), float16, float32 or auto. ``converted_cache_dir``: where to keep
@@ -147,6 +149,8 @@ class TransformersBackend:
 
         dtype = DTYPES[self.dtype_name]
         common = {"trust_remote_code": self.trust_remote_code}
+        if self.gguf_file is None and (Path(self.source) / "adapter_config.json").is_file():
+            return self._load_adapter(Path(self.source), dtype, common)
         if self.gguf_file is None:
             self.loaded_from = str(self.source)
             tokenizer = AutoTokenizer.from_pretrained(self.source, **common)
@@ -171,6 +175,20 @@ class TransformersBackend:
         if converted is not None:
             self._save_converted(tokenizer, model, converted)
         return _prepare_tokenizer(tokenizer), model
+
+    def _load_adapter(self, folder: Path, dtype: Any, common: dict[str, Any]):
+        """A PEFT adapter folder: its base (``base_model_name_or_path``, a relative path read from the adapter
+        folder) with the adapter merged in, so generation runs on a plain model."""
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        base = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+        if not Path(base).is_absolute() and (folder / base).is_dir():
+            base = str((folder / base).resolve())
+        self.loaded_from = f"{folder} (adapter on {base})"
+        tokenizer = AutoTokenizer.from_pretrained(folder if (folder / "tokenizer_config.json").is_file() else base, **common)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **common)
+        return _prepare_tokenizer(tokenizer), PeftModel.from_pretrained(model, folder).merge_and_unload()
 
     def _converted_dir(self) -> Path | None:
         if self.converted_cache_dir is None or self.gguf_file is None:
@@ -225,7 +243,7 @@ class TransformersBackend:
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         self.generate_calls += 1
-        prompts = [self._encode(request) for request in requests]
+        prompts = [self.encode(request) for request in requests]
         order = sorted(range(len(requests)), key=lambda i: (requests[i].max_tokens, len(prompts[i])))
         results: list[Completion | None] = [None] * len(requests)
         start = 0
@@ -241,7 +259,8 @@ class TransformersBackend:
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ internals
-    def _encode(self, request: Request) -> list[int]:
+    def encode(self, request: Request) -> list[int]:
+        """The prompt token ids of a request (its messages through the chat template, generation prompt added)."""
         messages = [m.as_dict() for m in request.messages]
         if self.tokenizer.chat_template:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
