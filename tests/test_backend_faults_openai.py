@@ -255,3 +255,22 @@ def test_every_token_logprobs_when_asked(serve):
     assert good.bodies[0]["logprobs"] is True and "top_logprobs" not in good.bodies[0]
     gap = serve(_json(200, _reply("The answer", logprobs={"content": [tokens[0], {"token": " answer", "logprob": "x"}]})))
     assert OpenAICompatibleBackend(gap.url, model="m").generate([request])[0].token_logprobs is None
+
+
+def test_a_failed_batch_keeps_its_answered_requests_in_the_cache(serve, tmp_path):
+    from deliberation_env.backends.cache import CachedBackend
+
+    def respond(handler, server):
+        failing = "FAIL" in server.bodies[-1]["messages"][-1]["content"]
+        _json(400, {"error": "bad request"})(handler, server) if failing else _json(200, _reply())(handler, server)
+
+    server = serve(respond)
+    cache = CachedBackend(OpenAICompatibleBackend(server.url, model="m", backoff=0.01), tmp_path / "cache.sqlite")
+    good = [_request(content=f"Is {n} + {n} = {2 * n}?") for n in range(4)]
+    with pytest.raises(BackendError) as error:
+        cache.generate([*good[:2], _request(content="FAIL"), *good[2:]])
+    assert sorted(error.value.completed) == [0, 1, 3, 4]  # positions in the failed batch
+    posts = len(server.bodies)
+    assert [c.text for c in cache.generate(good)] == ["The answer is 4"] * 4
+    assert len(server.bodies) == posts and cache.stats.hits == 4  # nothing generated twice
+    cache.close()

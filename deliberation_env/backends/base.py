@@ -96,13 +96,24 @@ class Completion:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Anything that answers a batch of requests, in order."""
+    """Anything that answers a batch of requests, in order.
+
+    A ``generate`` that fails part-way may attach what it did answer to the exception it raises,
+    as ``error.completed = {position in requests: Completion}`` (see ``completed_before``):
+    ``CachedBackend`` stores those, so a re-run does not generate them again.
+    """
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]: ...
 
     def identity(self) -> str:
         """A stable, server-independent name of the model and its settings (used by caches)."""
         ...
+
+
+def completed_before(error: BaseException) -> dict[int, Completion]:
+    """The completions a failed ``generate`` attached to its exception (position -> completion)."""
+    completed = getattr(error, "completed", None)
+    return completed if isinstance(completed, dict) else {}
 
 
 def estimate_tokens(text: str) -> int:

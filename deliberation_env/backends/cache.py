@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.backends.base import Backend, Completion, Request, completed_before
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,14 @@ class CachedBackend:
                     "not in it, and their answers could not be stored. Make the file and its folder writable (and do "
                     f"not set read_only=True or ${READ_ONLY_ENV}=1), or point cache= at a writable copy of it.")
             first = {k: i for i, k in reversed(list(enumerate(keys)))}
-            fresh = self.inner.generate([requests[first[k]] for k in missing])
+            try:
+                fresh = self.inner.generate([requests[first[k]] for k in missing])
+            except Exception as error:  # store what the backend did answer before failing, then fail
+                done = completed_before(error)
+                if done:
+                    with self._lock:
+                        self._store([(missing[i], c) for i, c in sorted(done.items()) if 0 <= i < len(missing)])
+                raise
             if len(fresh) != len(missing):
                 raise CacheError(f"{self.inner!r} answered {len(fresh)} completions to {len(missing)} requests")
             with self._lock:

@@ -24,7 +24,7 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import httpcore
@@ -100,7 +100,14 @@ class OpenAICompatibleBackend:
             self._client = httpx.Client(headers=headers, timeout=self.timeout, limits=limits)
             _enforce_deadlines(self._client, self._deadlines)
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai-backend")
-        return list(self._pool.map(self._one, requests))
+        futures = [self._pool.submit(self._one, request) for request in requests]
+        wait(futures)
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:  # keep what the other requests got, for a cache to store (Backend's docstring)
+            error = failed[0]
+            error.completed = {i: f.result() for i, f in enumerate(futures) if f.exception() is None}
+            raise error
+        return [f.result() for f in futures]
 
     # ------------------------------------------------------------------ internals
     def _pick(self) -> str:
