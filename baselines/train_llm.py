@@ -387,7 +387,6 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
     rng = np.random.default_rng(cfg.seed)
     logger = MetricsLogger(cfg.out, cfg.tensorboard)
     bar = progress_bar(cfg.updates, f"train_llm {cfg.algo}", cfg.progress)
-    bar.unit = "update"
     for update in range(cfg.updates):
         start = time.time()
         trained = trained_now(cfg, update)
