@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
+from deliberation_env.testing.servers import LoopbackServer, send_json
 
 LLAMA_CPP_NO_LOGPROBS = json.dumps({"error": {
     "message": "logprobs is not supported for models created with logits_all=False",
@@ -28,39 +27,13 @@ def _reply(content="The answer is 4", usage=None, logprobs=None, finish="stop") 
     return {"choices": [choice], "usage": {"prompt_tokens": 5, "completion_tokens": 4} if usage is None else usage}
 
 
-class _Server:
-    """A threaded HTTP server on 127.0.0.1 whose every POST is answered by ``respond(handler, body)``."""
-
-    def __init__(self, respond):
-        self.stopped = threading.Event()
-        self.bodies: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-                respond(self, outer)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self):
-        self.stopped.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture()
 def serve():
-    servers: list[_Server] = []
+    """``serve(respond)``: a LoopbackServer whose every POST is answered by ``respond(handler, server)``."""
+    servers: list[LoopbackServer] = []
 
-    def start(respond) -> _Server:
-        servers.append(_Server(respond))
+    def start(respond) -> LoopbackServer:
+        servers.append(LoopbackServer(respond))
         return servers[-1]
 
     yield start
@@ -69,14 +42,7 @@ def serve():
 
 
 def _json(status: int, payload):
-    def respond(handler, server):
-        body = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-        handler.send_response(status)
-        handler.send_header("content-type", "application/json")
-        handler.send_header("content-length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
-    return respond
+    return lambda handler, server: send_json(handler, status, payload)
 
 
 def _drip(where: str):

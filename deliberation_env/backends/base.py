@@ -61,6 +61,9 @@ class Request:
     token_logprobs: bool = False
     """Ask for the log-probability of every generated token (``confidence="answer_logprobs"``)."""
     context: SimContext | None = field(default=None, compare=False, repr=False)
+    episode: int | None = field(default=None, compare=False, repr=False)
+    """Which episode the request belongs to: a routing hint only (the OpenAI-compatible backend keeps an
+    episode on one replica for its prefix cache). Not part of a request's identity, nor of cache keys."""
 
     def sampling_params(self) -> dict[str, Any]:
         """The fields, besides messages and seed, that change what a model returns."""

@@ -1,14 +1,23 @@
 """Any OpenAI-compatible chat-completions server (vLLM, SGLang, llama.cpp, Ollama, TGI, hosted).
 
-Requests run concurrently on a thread pool (``concurrency``) over one ``httpx.Client``. Each
-request goes to the least busy healthy replica among ``base_url``; a replica that refuses
-connections or answers too slowly is set aside for ``cooldown`` seconds and the request fails
-over to another. Connection errors, timeouts, 429, 5xx and malformed replies are retried with
-exponential backoff up to ``max_retries``; then ``BackendError`` names the URL, the failure and
-what to do. Other 4xx (a wrong model name, a bad key) fail at once, and so does a server that
-cannot return the log-probabilities a request asked for. ``timeout`` bounds each network read;
-``deadline`` bounds a whole request (all attempts and waits), so a server that sends a byte
-now and then cannot hold a request forever. Replies are validated: unusable token counts are
+Requests run on an asyncio event loop that the backend owns (a daemon thread) over one
+``httpx.AsyncClient``: ``generate()`` stays synchronous for the env, ``agenerate()`` serves
+async callers. At most ``concurrency`` requests are in flight in total and ``per_replica`` on any
+one replica. Routing: the requests of one episode (``Request.episode``) go to one replica while
+it is healthy, so its prefix cache serves the episode's later rounds; the replica is the first
+healthy one in the episode's rendezvous-hash order of ``base_url`` (stable, and a replica that
+is set aside spreads its episodes evenly over the others; they return once it is back).
+Requests without an episode, or with ``routing="least_busy"``, go to the least busy healthy
+replica. A replica that refuses connections, drops them or answers slower than ``timeout`` is
+set aside for ``cooldown`` seconds (one that answers 429 with Retry-After: for that long), and
+the request fails over. Connection errors, timeouts, 429, 5xx and malformed replies are retried
+with exponential backoff (at least the server's Retry-After) up to ``max_retries``; then
+``BackendError`` names the URL, the failure and what to do. Other 4xx (a wrong model name, a
+bad key) fail at once, and so does a server that cannot return the log-probabilities a request
+asked for. ``timeout`` bounds each network read; ``deadline`` bounds a whole request from its
+first attempt (every attempt and wait), so a server that sends a byte now and then cannot hold
+a request forever. Each request carries an ``X-Request-Id`` (the same on every attempt) and, with
+an episode, an ``X-Episode-Id`` header. Replies are validated: unusable token counts are
 estimated from the text, unusable log-probabilities become None, and a reply without a text
 content is malformed. The API key is read from the environment variable ``api_key_env`` and
 never appears in reprs, errors, ``identity()`` or caches.
@@ -16,24 +25,26 @@ never appears in reprs, errors, ``identity()`` or caches.
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import hashlib
 import json
 import math
 import os
 import re
 import threading
 import time
-import warnings
+import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-import httpcore
 import httpx
 
 from deliberation_env.backends.base import Completion, Request, estimate_tokens
 
 _MAX_TOKEN_COUNT = 10**9  # beyond any context window: a larger usage count is garbage
 _LOGPROBS_REFUSED = re.compile(r"logprob|logits_all", re.IGNORECASE)
+ROUTINGS = ("sticky", "least_busy")
 
 
 class BackendError(RuntimeError):
@@ -41,20 +52,31 @@ class BackendError(RuntimeError):
 
 
 class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _DeadlinePassed(Exception):
     pass
 
 
 class OpenAICompatibleBackend:
     """Chat completions over HTTP (see the module docstring).
 
-    ``deadline`` (seconds, default 600): the most one request may take in total, attempts and
-    backoff waits included. ``logprobs=False`` never asks the server for log-probabilities (for
-    servers that cannot give them; critic confidence then comes from the critic's text).
+    ``concurrency``: requests in flight at once in total (default 16); ``per_replica``: at most this
+    many on one replica (default: no bound besides ``concurrency``). ``routing``: ``"sticky"``
+    (default; one replica per episode) or ``"least_busy"``. ``deadline`` (seconds, default 600):
+    the most one request may take from its first attempt on, attempts and backoff waits included
+    (time queued for a free slot before that does not count). ``logprobs=False`` never asks the
+    server for log-probabilities (for servers that cannot give them; critic confidence then comes
+    from the critic's text).
     """
 
     def __init__(self, base_url: str | Sequence[str], model: str, api_key_env: str = "OPENAI_API_KEY",
                  timeout: float = 120.0, max_retries: int = 4, concurrency: int = 16, backoff: float = 0.5,
-                 cooldown: float = 30.0, top_logprobs: int = 20, deadline: float = 600.0, logprobs: bool = True):
+                 cooldown: float = 30.0, top_logprobs: int = 20, deadline: float = 600.0, logprobs: bool = True,
+                 per_replica: int | None = None, routing: str = "sticky"):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("base_url needs at least one URL")
@@ -64,17 +86,26 @@ class OpenAICompatibleBackend:
         for name, value in (("timeout", timeout), ("deadline", deadline)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        self.base_urls = [u.rstrip("/") for u in urls]
+        for name, value in (("concurrency", concurrency), ("per_replica", per_replica)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int (requests in flight at once), got {value!r}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+        self.base_urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
         self.model, self.api_key_env, self.timeout, self.deadline = model, api_key_env, timeout, float(deadline)
         self.max_retries, self.concurrency, self.backoff = max_retries, concurrency, backoff
+        self.per_replica, self.routing = per_replica or concurrency, routing
         self.cooldown, self.top_logprobs, self.logprobs = cooldown, top_logprobs, logprobs
         self._busy = dict.fromkeys(self.base_urls, 0)
         self._down_until = dict.fromkeys(self.base_urls, 0.0)
-        self._lock = threading.Lock()
-        self._deadlines = _Deadlines()
-        self._client: httpx.Client | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # start() and close() from any thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._total: asyncio.Semaphore | None = None
+        self._slots: dict[str, asyncio.Semaphore] = {}
         self.retries = 0
+        self.failovers = 0
+        """Attempts sent to another replica than the one before (a replica was set aside)."""
 
     def identity(self) -> str:
         # logprobs=False changes what critic completions hold, so it is part of the identity (only then,
@@ -86,41 +117,73 @@ class OpenAICompatibleBackend:
         return f"OpenAICompatibleBackend(base_url={self.base_urls!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        if self._client is not None:
-            self._client.close()
-        self._client = self._pool = None
+        """Closes the connections and stops the backend's event loop (a later call starts them again)."""
+        with self._lock:
+            loop, client, self._loop, self._client = self._loop, self._client, None, None
+        if loop is None:
+            return
+        if client is not None:
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+
+    def __del__(self) -> None:
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        if self._client is None or self._pool is None:
-            key = os.environ.get(self.api_key_env, "")
-            headers = {"Authorization": f"Bearer {key}"} if key else {}
-            limits = httpx.Limits(max_connections=self.concurrency)
-            self._client = httpx.Client(headers=headers, timeout=self.timeout, limits=limits)
-            _enforce_deadlines(self._client, self._deadlines)
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai-backend")
-        futures = [self._pool.submit(self._one, request) for request in requests]
-        wait(futures)
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:  # keep what the other requests got, for a cache to store (Backend's docstring)
-            error = failed[0]
-            error.completed = {i: f.result() for i, f in enumerate(futures) if f.exception() is None}
-            raise error
-        return [f.result() for f in futures]
+        """Answers ``requests`` in order (concurrently on the backend's event loop); blocks until all are done."""
+        if not requests:
+            return []
+        return asyncio.run_coroutine_threadsafe(self._gather(list(requests)), self._start()).result()
+
+    async def agenerate(self, requests: Sequence[Request]) -> list[Completion]:
+        """``generate`` for async callers: awaits the answers without blocking the caller's event loop."""
+        loop = self._start()
+        if asyncio.get_running_loop() is loop:
+            return await self._gather(list(requests))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._gather(list(requests)), loop))
 
     # ------------------------------------------------------------------ internals
-    def _pick(self) -> str:
+    def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            now = time.monotonic()
-            healthy = [u for u in self.base_urls if self._down_until[u] <= now] or self.base_urls
-            url = min(healthy, key=lambda u: self._busy[u])
-            self._busy[url] += 1
-            return url
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=_run_loop, args=(loop,), name="openai-backend", daemon=True).start()
+                asyncio.run_coroutine_threadsafe(self._open(), loop).result()
+                self._loop = loop
+            return self._loop
 
-    def _set_aside(self, url: str) -> None:
-        with self._lock:
-            self._down_until[url] = time.monotonic() + self.cooldown
+    async def _open(self) -> None:
+        """Client and semaphores, made on the loop that uses them."""
+        key = os.environ.get(self.api_key_env, "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits)
+        self._total = asyncio.Semaphore(self.concurrency)
+        self._slots = {url: asyncio.Semaphore(self.per_replica) for url in self.base_urls}
+
+    async def _gather(self, requests: list[Request]) -> list[Completion]:
+        results = await asyncio.gather(*(self._one(r) for r in requests), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # keep what the other requests got, for a cache to store (Backend's docstring)
+            error = failed[0]
+            error.completed = {i: r for i, r in enumerate(results) if not isinstance(r, BaseException)}  # type: ignore[attr-defined]
+            raise error
+        return results  # type: ignore[return-value]
+
+    def _route(self, episode: int | None) -> str:
+        """The replica for the next attempt (see the module docstring)."""
+        now = time.monotonic()
+        if episode is None or self.routing == "least_busy" or len(self.base_urls) == 1:
+            candidates = sorted(self.base_urls, key=lambda u: self._busy[u])  # stable: ties go to the first listed
+        else:
+            candidates = sorted(self.base_urls, key=lambda u: _rank(episode, u))
+        healthy = [u for u in candidates if self._down_until[u] <= now]
+        return healthy[0] if healthy else min(candidates, key=lambda u: self._down_until[u])
+
+    def _set_aside(self, url: str, seconds: float) -> None:
+        self._down_until[url] = max(self._down_until[url], time.monotonic() + seconds)
 
     def _body(self, request: Request) -> tuple[bytes, bool]:
         """The JSON body of a request, and whether it asks for log-probabilities."""
@@ -140,55 +203,81 @@ class OpenAICompatibleBackend:
             encoded = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode()
         return encoded, "logprobs" in body
 
-    def _one(self, request: Request) -> Completion:
+    async def _one(self, request: Request) -> Completion:
         body, asked_logprobs = self._body(request)
-        deadline = time.monotonic() + self.deadline
-        failure = ""
-        url = self.base_urls[0]
+        headers = {"content-type": "application/json", "x-request-id": uuid.uuid4().hex}
+        if request.episode is not None:
+            headers["x-episode-id"] = str(request.episode)
+        deadline: list[float] = []  # set when the first attempt gets its slots
+        failure, url, previous = "", self.base_urls[0], None
         for attempt in range(self.max_retries + 1):
-            url = self._pick()
-            self._deadlines.at = deadline
+            url = self._route(request.episode)
+            if previous is not None and url != previous:
+                self.failovers += 1
+            previous, retry_after = url, None
             try:
-                return self._post(url, body, request, asked_logprobs)
+                if deadline:
+                    return await asyncio.wait_for(self._attempt(url, body, headers, request, asked_logprobs, deadline),
+                                                  max(0.0, deadline[0] - time.monotonic()))
+                return await self._attempt(url, body, headers, request, asked_logprobs, deadline)
             except _Retryable as error:
-                failure = str(error)
+                failure, retry_after = str(error), error.retry_after
+                if retry_after is not None:
+                    self._set_aside(url, retry_after)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as error:
                 failure = f"connection failed ({type(error).__name__}: {error})"
-                self._set_aside(url)
+                self._set_aside(url, self.cooldown)
             except httpx.TimeoutException as error:
-                if time.monotonic() >= deadline - 0.05:  # the read was cut short by the deadline
-                    self._set_aside(url)
-                    raise BackendError(
-                        f"{url}: no complete answer within deadline={self.deadline:g} s (attempt {attempt + 1}; the "
-                        f"server kept the connection open but each read stayed under timeout={self.timeout:g} s). "
-                        f"Check that replica's load and health, add replicas, or raise deadline= for long generations."
-                    ) from None
                 failure = f"timed out after {self.timeout:g} s ({type(error).__name__})"
+                self._set_aside(url, self.cooldown)  # too slow for now: its next requests go elsewhere
+            except (_DeadlinePassed, asyncio.TimeoutError):
+                self._set_aside(url, self.cooldown)
+                raise BackendError(
+                    f"{url}: no complete answer within deadline={self.deadline:g} s (attempt {attempt + 1}; the "
+                    f"server kept the connection open but each read stayed under timeout={self.timeout:g} s). "
+                    f"Check that replica's load and health, add replicas, or raise deadline= for long generations."
+                ) from None
             except httpx.RequestError as error:  # e.g. a body that does not decode (bad content-encoding)
                 failure = f"transport error ({type(error).__name__}: {error})"
-            finally:
-                self._deadlines.at = None
-                with self._lock:
-                    self._busy[url] -= 1
             self.retries += 1
             if attempt < self.max_retries:
-                wait = min(8.0, self.backoff * 2**attempt)
-                if time.monotonic() + wait >= deadline:
+                wait = max(min(8.0, self.backoff * 2**attempt), retry_after or 0.0)
+                if retry_after is not None and self._route(request.episode) != url:
+                    wait = min(8.0, self.backoff * 2**attempt)  # another replica takes it; no need to wait out this one
+                if time.monotonic() + wait >= (deadline[0] if deadline else math.inf):
+                    asked = f" (the server asked to retry after {retry_after:g} s)" if retry_after else ""
                     raise BackendError(
-                        f"{url}: {failure}; deadline={self.deadline:g} s leaves no time for attempt {attempt + 2}. "
+                        f"{url}: {failure}; deadline={self.deadline:g} s leaves no time for attempt {attempt + 2}{asked}. "
                         f"Check that the server at {url} is running and serves model {self.model!r} "
                         "(or add replicas / raise deadline=).")
-                time.sleep(wait)
+                await asyncio.sleep(wait)
         raise BackendError(
             f"{url}: {failure} after {self.max_retries + 1} attempts. Check that the server at {url} is running, "
             f"speaks the OpenAI chat-completions API and serves model {self.model!r} "
             "(or add replicas / raise max_retries and timeout)."
         )
 
-    def _post(self, url: str, body: bytes, request: Request, asked_logprobs: bool) -> Completion:
+    async def _attempt(self, url: str, body: bytes, headers: dict[str, str], request: Request, asked_logprobs: bool,
+                       deadline: list[float]) -> Completion:
+        """One POST to ``url`` once a slot on it and a slot in total are free (in that order: no slot in total is
+        held while waiting for a busy replica). The first attempt starts the request's deadline."""
+        assert self._total is not None
+        async with self._slots[url], self._total:
+            if not deadline:
+                deadline.append(time.monotonic() + self.deadline)
+            left = deadline[0] - time.monotonic()
+            if left <= 0:
+                raise _DeadlinePassed
+            self._busy[url] += 1
+            try:
+                return await asyncio.wait_for(self._post(url, body, headers, request, asked_logprobs), left)
+            finally:
+                self._busy[url] -= 1
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str], request: Request,
+                    asked_logprobs: bool) -> Completion:
         assert self._client is not None
-        response = self._client.post(f"{url}/chat/completions", content=body,
-                                     headers={"content-type": "application/json"})
+        response = await self._client.post(f"{url}/chat/completions", content=body, headers=headers)
         status = response.status_code
         if status >= 400 and asked_logprobs and _LOGPROBS_REFUSED.search(response.text):
             raise BackendError(
@@ -199,7 +288,8 @@ class OpenAICompatibleBackend:
                 "(or OpenAICompatibleBackend(..., logprobs=False) for this backend only)."
             )
         if status == 429 or status >= 500:
-            raise _Retryable(f"HTTP {status}: {self._snippet(response.text)}")
+            raise _Retryable(f"HTTP {status}: {self._snippet(response.text)}",
+                             _retry_after(response.headers.get("retry-after")))
         if status >= 400:
             raise BackendError(
                 f"{url}: HTTP {status} for model {self.model!r}: {self._snippet(response.text)}. "
@@ -239,6 +329,34 @@ class OpenAICompatibleBackend:
         key = os.environ.get(self.api_key_env)
         text = text[:200].replace("\n", " ")
         return text.replace(key, "***") if key else text
+
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _rank(episode: int, url: str) -> bytes:
+    """Rendezvous hashing: an episode prefers the replicas in ascending order of this key."""
+    return hashlib.blake2b(f"{episode}|{url}".encode(), digest_size=8).digest()
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (a number of seconds or an HTTP date); None when absent or unusable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return min(max(seconds, 0.0), 3600.0) if math.isfinite(seconds) else None
 
 
 def _content_text(content: Any) -> str | None:
@@ -309,74 +427,3 @@ def _every_token_logprobs(logprobs: Any) -> tuple[tuple[str, float], ...] | None
             return None  # a gap would misalign the tokens with the text
         pairs.append((item["token"], value))
     return tuple(pairs)
-
-
-class _Deadlines(threading.local):
-    """The monotonic deadline of the request the current thread is sending (None: no deadline)."""
-
-    at: float | None = None
-
-    def bound(self, timeout: float | None) -> float | None:
-        """``timeout`` shortened to the time left; raises a read timeout when none is left."""
-        if self.at is None:
-            return timeout
-        left = self.at - time.monotonic()
-        if left <= 0:
-            raise httpcore.ReadTimeout("the request's deadline has passed")
-        return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    """A connection whose every read, write and TLS handshake waits at most until the request's deadline."""
-
-    def __init__(self, inner: httpcore.NetworkStream, deadlines: _Deadlines):
-        self._inner, self._deadlines = inner, deadlines
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, self._deadlines.bound(timeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, self._deadlines.bound(timeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.NetworkStream:
-        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, self._deadlines.bound(timeout)),
-                               self._deadlines)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _DeadlineNetwork(httpcore.NetworkBackend):
-    def __init__(self, inner: httpcore.NetworkBackend, deadlines: _Deadlines):
-        self._inner, self._deadlines = inner, deadlines
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        stream = self._inner.connect_tcp(host, port, self._deadlines.bound(timeout), local_address, socket_options)
-        return _DeadlineStream(stream, self._deadlines)
-
-    def connect_unix_socket(self, path, timeout=None, socket_options=None):
-        stream = self._inner.connect_unix_socket(path, self._deadlines.bound(timeout), socket_options)
-        return _DeadlineStream(stream, self._deadlines)
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
-def _enforce_deadlines(client: httpx.Client, deadlines: _Deadlines) -> None:
-    """Wraps the network layer of the client's connection pools so that every socket wait ends by the deadline.
-
-    httpx has no total-time limit (its timeouts bound each read), and only the network layer sees
-    every read, headers included; httpx exposes no setting for it, hence the private attributes.
-    """
-    wrapped = 0
-    for transport in [client._transport, *client._mounts.values()]:
-        pool = getattr(transport, "_pool", None)
-        if pool is not None and hasattr(pool, "_network_backend"):
-            pool._network_backend = _DeadlineNetwork(pool._network_backend, deadlines)
-            wrapped += 1
-    if not wrapped:
-        warnings.warn(f"httpx {httpx.__version__} has no connection pool where expected: OpenAICompatibleBackend's "
-                      "deadline= is not enforced (timeout= still bounds each read)", RuntimeWarning, stacklevel=3)

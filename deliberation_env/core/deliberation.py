@@ -20,6 +20,7 @@ on the order of the agents (a mutual CONCEDE swaps the two answers).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,7 @@ class Action(IntEnum):
 CONCEDE_TARGETS = ("most_confident", "plurality")
 CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
 _KIND_IDS = {"solve": 1, "refine": 2, "critic": 3}
+_EPISODE_IDS = itertools.count(1)  # Request.episode: distinct per episode in this process
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class Deliberation:
         self.done = False
         self.phase = Phase.IDLE
         self._seed = 0
+        self._episode = 0
         self._pending: list[Request] = []
         self._changed: list[int] = []
         self._correct_before: tuple[bool, ...] = ()
@@ -170,6 +173,7 @@ class Deliberation:
     def start(self, problem: Problem, seed: int) -> None:
         """Begin an episode: every agent solves the problem (round 0)."""
         self.problem, self._seed = problem, int(seed)
+        self._episode = next(_EPISODE_IDS)  # a routing hint for backends; no part of the episode's outcome
         self.agents = [AgentState() for _ in range(self.config.num_agents)]
         self.round, self.done, self._grades = 0, False, {}
         self._changed, self._starting = [], True
@@ -373,6 +377,7 @@ class Deliberation:
             logprobs=critic and config.confidence == "critic",
             token_logprobs=not critic and config.confidence == "answer_logprobs",
             context=self._context(agent, peer_states),
+            episode=self._episode,
         )
 
     def _request_generation(self, jobs) -> None:

@@ -1,0 +1,1 @@
+"""Helpers for tests and benches: a loopback OpenAI-compatible server (``servers.LoopbackServer``)."""
