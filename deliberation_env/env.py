@@ -7,7 +7,7 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 |--------------------|-----------------------------------------------------------------------------|
 | Actions            | Discrete(3): PERSIST = 0, REFINE = 1, CONCEDE = 2                           |
 | Parallel API       | yes (AEC form: ``deliberation_env.env(...)``)                               |
-| Agents             | ``agent_0`` ... ``agent_{N-1}`` (N = ``num_agents``, default 3)             |
+| Agents             | ``agent_0`` ... ``agent_{N-1}`` (N = ``num_agents``), or ``agent_names``    |
 | Action shape       | scalar int                                                                  |
 | Observation        | Dict, identical space for every agent (below); ``observation="flat"`` or    |
 |                    | ``"masked"`` for a Box or ``{"observation", "action_mask"}`` (``formats``)   |
@@ -86,6 +86,7 @@ class DeliberationEnv(ParallelEnv):
         observation_key: str = "observation",
         infos: str = "full",
         max_cycles: int | None = None,
+        agent_names: Sequence[str] | None = None,
         task_kwargs: Mapping[str, Any] | None = None,
         backend_kwargs: Mapping[str, Any] | None = None,
         cache: str | None = None,
@@ -117,7 +118,7 @@ class DeliberationEnv(ParallelEnv):
         self.render_mode = render_mode
         self.invalid_action = invalid_action
 
-        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
+        self.possible_agents = _agent_names(agent_names, num_agents)
         self.agents: list[str] = []
         self._index = {name: i for i, name in enumerate(self.possible_agents)}
         self.observation_spaces = {agent: self.format.space for agent in self.possible_agents}
@@ -368,12 +369,22 @@ class DeliberationEnv(ParallelEnv):
             action = "-" if state.last_action is None else state.last_action.name
             mark = "right" if state.correct else "wrong"
             lines.append(
-                f"  agent_{i}: answer={state.answer!s:>12}  conf={state.confidence:.2f}  action={action:<8} "
+                f"  {self.possible_agents[i]}: answer={state.answer!s:>12}  conf={state.confidence:.2f}  action={action:<8} "
                 f"tokens={state.total_tokens:>5}  ({mark})"
             )
         consensus = core.consensus()
         lines.append(f"  consensus: {consensus} ({'right' if core.grade(consensus) else 'wrong'}; gold {core.problem.answer})")
         return "\n".join(lines)
+
+
+def _agent_names(names: Sequence[str] | None, count: int) -> list[str]:
+    """``agent_0`` ... by default; custom names e.g. for libraries that share one network per name prefix."""
+    if names is None:
+        return [f"agent_{i}" for i in range(count)]
+    names = list(names) if not isinstance(names, str) else [names]
+    if len(names) != count or len(set(names)) != count or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"agent_names must be {count} distinct non-empty strings (one per agent), got {names!r}")
+    return names
 
 
 def accepted_options() -> list[str]:

@@ -178,6 +178,26 @@ def test_max_cycles_state_space_and_render_argument():
         deliberation_env.parallel_env(max_cycles=5, max_rounds=4)
 
 
+def test_agent_names_replace_the_default_ids_everywhere():
+    names = ["alice", "bob", "carol"]
+    env = deliberation_env.parallel_env(agent_names=names, infos="full", render_mode="ansi", max_rounds=2)
+    reference = deliberation_env.parallel_env(max_rounds=2)
+    seen: list = []
+    play(env, 5, check=lambda o, i: seen.append((o, i)))
+    expected: list = []
+    play(reference, 5, check=lambda o, i: expected.append((o, i)))
+    assert env.possible_agents == names and all(set(o) <= set(names) for o, _ in seen)
+    for (observations, infos), (ref_obs, ref_infos) in zip(seen, expected):
+        for name, default in zip(names, reference.possible_agents):
+            if default in ref_obs:
+                np.testing.assert_array_equal(observations[name]["self"], ref_obs[default]["self"])
+                target = ref_infos[default]["concede_target"]
+                assert infos[name]["concede_target"] == (None if target is None else names[int(target[-1])])
+    assert "alice: answer=" in env.render()
+    with pytest.raises(ValueError, match="agent_names must be 3 distinct non-empty strings"):
+        deliberation_env.parallel_env(agent_names=["a", "a", "b"])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
