@@ -52,8 +52,9 @@ class MatrixGame(ParallelEnv):
 if __name__ == "__main__":
     # No oracle labels here, so no SFT stage; the KL reference is the initial policy. Rank-based
     # advantages ignore payoff magnitudes, so some seeds settle on the (2, 2) equilibrium (6):
-    # 4 of 5 seeds (0-4) reach the optimum with these settings.
-    cfg = SoftRankPOConfig(episodes=1200, sft_episodes=0, group_size=8, groups_per_batch=8, num_envs=16, seed=0,
+    # 6 of 10 seeds (0-9) reach the optimum with these settings (7 of 10 with 2400 episodes);
+    # seed 1 is one of them.
+    cfg = SoftRankPOConfig(episodes=1200, sft_episodes=0, group_size=8, groups_per_batch=8, num_envs=16, seed=1,
                            out="runs/examples/matrix_game", progress=False, tensorboard=False)
     train_softrankpo(cfg, env_fn=MatrixGame)
     policy = load_policy("runs/examples/matrix_game/policy.pt")
