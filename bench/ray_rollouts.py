@@ -2,7 +2,7 @@
 
     python bench/ray_rollouts.py --latency 0.2 --batches 3
 
-A loopback OpenAI-compatible server (127.0.0.1, threaded) sleeps ``--latency`` seconds per request, then replies
+A loopback OpenAI-compatible server (``deliberation_env.testing.servers.LoopbackServer``) sleeps ``--latency`` seconds per request, then replies
 with a fixed answer; the envs use the real ``openai`` backend (no cache) through ``baselines.distributed``'s
 ``RayCollector``, as ``python -m baselines.train --num-workers N`` does. One batch is ``--waves`` waves of
 ``--num-envs`` envs (3 agents, 3 rounds) played by the (untrained) policy; the same batches are timed with 1 and
@@ -17,10 +17,7 @@ bench/results/ray_rollouts.md.
 from __future__ import annotations
 
 import argparse
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import ray
 from _results import save_markdown
@@ -29,43 +26,7 @@ from baselines.common import Policy, agent_layout
 from baselines.config import BaseConfig, make_env_fn
 from baselines.distributed import RayCollector
 from baselines.rollout import EpisodeSpec, sampling_key
-
-REPLY = json.dumps({"choices": [{"message": {"role": "assistant", "content": "The answer is 4. Confidence: 80%"},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 40, "completion_tokens": 8}}).encode()
-
-
-class LatencyServer:
-    """Answers every POST with ``REPLY`` after ``latency`` seconds, many requests at a time."""
-
-    def __init__(self, latency: float):
-        self.latency, self.requests = latency, 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as a real server
-
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["content-length"]))
-                outer.requests += 1
-                time.sleep(outer.latency)
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(REPLY)))
-                self.end_headers()
-                self.wfile.write(REPLY)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from deliberation_env.testing.servers import LoopbackServer
 
 
 def measure(collector: RayCollector, policy: Policy, batches: list[list[EpisodeSpec]]) -> dict[str, float]:
@@ -93,7 +54,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="timed batches per setting (plus one warm-up)")
     args = parser.parse_args()
 
-    server = LatencyServer(args.latency)
+    server = LoopbackServer(latency=args.latency, keep_bodies=False)
     cfg = BaseConfig(backend="openai", base_url=[server.url], model="latency", backend_options={"logprobs": False},
                      num_envs=args.num_envs)
     env_fn = make_env_fn(cfg)

@@ -53,7 +53,14 @@ def test_a_replica_dies_mid_batch_its_requests_fail_over(fleet):
     servers = fleet(3, latency=0.3)
     backend = OpenAICompatibleBackend([s.url for s in servers], model="m", concurrency=64, backoff=0.01, cooldown=0.5)
     requests = _requests(20)
-    killer = threading.Timer(0.1, servers[0].die)
+
+    def kill_when_busy():  # dies with requests in flight (each is answered only after 0.3 s)
+        give_up = time.monotonic() + 5
+        while servers[0].inflight.now < 3 and time.monotonic() < give_up:
+            time.sleep(0.005)
+        servers[0].die()
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
     killer.start()
     completions = backend.generate(requests)
     killer.join()

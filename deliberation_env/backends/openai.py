@@ -44,6 +44,7 @@ from deliberation_env.backends.base import Completion, Request, estimate_tokens
 
 _MAX_TOKEN_COUNT = 10**9  # beyond any context window: a larger usage count is garbage
 _LOGPROBS_REFUSED = re.compile(r"logprob|logits_all", re.IGNORECASE)
+_LANE = 8  # connections per httpx pool: httpcore scans every connection of a pool for every queued request
 ROUTINGS = ("sticky", "least_busy")
 
 
@@ -100,7 +101,7 @@ class OpenAICompatibleBackend:
         self._down_until = dict.fromkeys(self.base_urls, 0.0)
         self._lock = threading.Lock()  # start() and close() from any thread
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._lanes: dict[str, list[list[Any]]] | None = None  # per replica: [client, requests in flight]
         self._total: asyncio.Semaphore | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}
         self.retries = 0
@@ -119,11 +120,12 @@ class OpenAICompatibleBackend:
     def close(self) -> None:
         """Closes the connections and stops the backend's event loop (a later call starts them again)."""
         with self._lock:
-            loop, client, self._loop, self._client = self._loop, self._client, None, None
+            loop, lanes, self._loop, self._lanes = self._loop, self._lanes, None, None
         if loop is None:
             return
-        if client is not None:
-            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result()
+        if lanes is not None:
+            clients = [lane[0] for replica in lanes.values() for lane in replica]
+            asyncio.run_coroutine_threadsafe(_close_all(clients), loop).result()
         loop.call_soon_threadsafe(loop.stop)
 
     def __del__(self) -> None:
@@ -155,11 +157,14 @@ class OpenAICompatibleBackend:
             return self._loop
 
     async def _open(self) -> None:
-        """Client and semaphores, made on the loop that uses them."""
+        """Clients and semaphores, made on the loop that uses them. Each replica's connections are spread over
+        small pools ("lanes" of 8): one large httpx pool costs O(requests x connections) per event."""
         key = os.environ.get(self.api_key_env, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits)
+        limits = httpx.Limits(max_connections=_LANE, max_keepalive_connections=_LANE)
+        lanes = -(-min(self.per_replica, self.concurrency) // _LANE)
+        self._lanes = {url: [[httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits), 0]
+                             for _ in range(lanes)] for url in self.base_urls}
         self._total = asyncio.Semaphore(self.concurrency)
         self._slots = {url: asyncio.Semaphore(self.per_replica) for url in self.base_urls}
 
@@ -276,8 +281,13 @@ class OpenAICompatibleBackend:
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], request: Request,
                     asked_logprobs: bool) -> Completion:
-        assert self._client is not None
-        response = await self._client.post(f"{url}/chat/completions", content=body, headers=headers)
+        assert self._lanes is not None
+        lane = min(self._lanes[url], key=lambda lane: lane[1])  # never full: the replica's semaphore bounds the sum
+        lane[1] += 1
+        try:
+            response = await lane[0].post(f"{url}/chat/completions", content=body, headers=headers)
+        finally:
+            lane[1] -= 1
         status = response.status_code
         if status >= 400 and asked_logprobs and _LOGPROBS_REFUSED.search(response.text):
             raise BackendError(
@@ -338,6 +348,11 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_forever()
     finally:
         loop.close()
+
+
+async def _close_all(clients: list[httpx.AsyncClient]) -> None:
+    for client in clients:
+        await client.aclose()
 
 
 def _rank(episode: int, url: str) -> bytes:
