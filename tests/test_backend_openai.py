@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -13,6 +11,7 @@ import deliberation_env
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.llama_server import free_port, llama_server
 from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
+from deliberation_env.testing.servers import LoopbackServer, send_json
 
 OK = {"choices": [{"message": {"role": "assistant", "content": "The answer is 4"}, "finish_reason": "stop"}],
       "usage": {"prompt_tokens": 5, "completion_tokens": 4}}
@@ -48,34 +47,24 @@ def test_server_stopped_mid_episode_names_url():
         env.step({agent: 1 for agent in env.agents})
 
 
-class _Faulty(BaseHTTPRequestHandler):
+@pytest.fixture()
+def faulty():
+    """A LoopbackServer that plays ``script`` (status and body, "close" or "stall"), then answers OK."""
     script: list = []
 
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        status, body = self.script.pop(0) if self.script else (200, json.dumps(OK))
+    def respond(handler, server):
+        status, body = script.pop(0) if script else (200, json.dumps(OK))
         if status == "close":
-            self.connection.close()
+            handler.close_connection = True
             return
         if status == "stall":
             time.sleep(1.5)
             status, body = 200, json.dumps(OK)
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.end_headers()
-        self.wfile.write(body.encode())
+        send_json(handler, status, body)
 
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture()
-def faulty():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Faulty)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", _Faulty.script
-    server.shutdown()
-    _Faulty.script.clear()
+    server = LoopbackServer(respond)
+    yield server.url, script
+    server.close()
 
 
 @pytest.mark.parametrize("fault", [(500, "oops"), (429, "slow down"), (200, "{not json"), "close", "stall"])
