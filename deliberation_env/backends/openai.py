@@ -216,15 +216,12 @@ class OpenAICompatibleBackend:
         deadline: list[float] = []  # set when the first attempt gets its slots
         failure, url, previous = "", self.base_urls[0], None
         for attempt in range(self.max_retries + 1):
-            url = self._route(request.episode)
-            if previous is not None and url != previous:
-                self.failovers += 1
-            previous, retry_after = url, None
+            where, retry_after = [url], None
             try:
+                attempt_ = self._attempt(where, body, headers, request, asked_logprobs, deadline)
                 if deadline:
-                    return await asyncio.wait_for(self._attempt(url, body, headers, request, asked_logprobs, deadline),
-                                                  max(0.0, deadline[0] - time.monotonic()))
-                return await self._attempt(url, body, headers, request, asked_logprobs, deadline)
+                    return await asyncio.wait_for(attempt_, max(0.0, deadline[0] - time.monotonic()))
+                return await attempt_
             except _Retryable as error:
                 failure, retry_after = str(error), error.retry_after
                 if retry_after is not None:
@@ -244,6 +241,11 @@ class OpenAICompatibleBackend:
                 ) from None
             except httpx.RequestError as error:  # e.g. a body that does not decode (bad content-encoding)
                 failure = f"transport error ({type(error).__name__}: {error})"
+            finally:
+                url = where[0]
+                if previous is not None and url != previous:
+                    self.failovers += 1
+                previous = url
             self.retries += 1
             if attempt < self.max_retries:
                 wait = max(min(8.0, self.backoff * 2**attempt), retry_after or 0.0)
@@ -262,22 +264,35 @@ class OpenAICompatibleBackend:
             "(or add replicas / raise max_retries and timeout)."
         )
 
-    async def _attempt(self, url: str, body: bytes, headers: dict[str, str], request: Request, asked_logprobs: bool,
-                       deadline: list[float]) -> Completion:
-        """One POST to ``url`` once a slot on it and a slot in total are free (in that order: no slot in total is
-        held while waiting for a busy replica). The first attempt starts the request's deadline."""
+    async def _attempt(self, where: list[str], body: bytes, headers: dict[str, str], request: Request,
+                       asked_logprobs: bool, deadline: list[float]) -> Completion:
+        """One POST once a slot on its replica and a slot in total are free; the replica goes in ``where``.
+
+        Sticky: the episode's replica first, then a total slot (no total slot is held while waiting for a
+        busy replica). Least busy: a total slot first, then the replica least busy at that moment."""
         assert self._total is not None
-        async with self._slots[url], self._total:
-            if not deadline:
-                deadline.append(time.monotonic() + self.deadline)
-            left = deadline[0] - time.monotonic()
-            if left <= 0:
-                raise _DeadlinePassed
-            self._busy[url] += 1
-            try:
-                return await asyncio.wait_for(self._post(url, body, headers, request, asked_logprobs), left)
-            finally:
-                self._busy[url] -= 1
+        if self.routing == "sticky" and request.episode is not None and len(self.base_urls) > 1:
+            where[0] = self._route(request.episode)
+            async with self._slots[where[0]], self._total:
+                return await self._send(where[0], body, headers, request, asked_logprobs, deadline)
+        async with self._total:
+            where[0] = self._route(None)
+            async with self._slots[where[0]]:
+                return await self._send(where[0], body, headers, request, asked_logprobs, deadline)
+
+    async def _send(self, url: str, body: bytes, headers: dict[str, str], request: Request, asked_logprobs: bool,
+                    deadline: list[float]) -> Completion:
+        """The POST itself; the first attempt starts the request's deadline."""
+        if not deadline:
+            deadline.append(time.monotonic() + self.deadline)
+        left = deadline[0] - time.monotonic()
+        if left <= 0:
+            raise _DeadlinePassed
+        self._busy[url] += 1
+        try:
+            return await asyncio.wait_for(self._post(url, body, headers, request, asked_logprobs), left)
+        finally:
+            self._busy[url] -= 1
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], request: Request,
                     asked_logprobs: bool) -> Completion:
