@@ -46,6 +46,7 @@ from _results import RESULTS, command_line, save_markdown, wilson_interval  # no
 import deliberation_env  # noqa: E402
 from baselines.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
 from baselines.protocols import PROTOCOLS, make_protocol  # noqa: E402
+from deliberation_env.backends.cache import _KeyHasher  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
 from deliberation_env.traces import TraceWriter  # noqa: E402
 
@@ -75,6 +76,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--token-cost", type=float, default=2e-4, help="per-token reward weight of the cost variant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=16, help="episodes played together (one backend call per phase)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="requests in flight per call (default: 1 with --start-server, whose llama.cpp server "
+                             "answers one at a time, so a queued request's deadline does not run out; else --batch)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "real_llm"))
     args = parser.parse_args(argv)
     for name in ("agents", "rounds", "max_tokens", "calib_problems", "test_problems", "batch"):
@@ -94,18 +98,34 @@ def env_options(args: argparse.Namespace) -> dict[str, Any]:
             "confidence": args.confidence}
 
 
+class KeyRecorder:
+    """A backend that passes requests on and records their cache keys: the distinct keys of a set of
+    entries are the LLM requests those entries cost together on an empty cache, resumed run or not."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.keys: set[str] = set()
+        self._key = _KeyHasher(inner.identity())
+
+    def generate(self, requests):
+        self.keys.update(map(self._key, requests))
+        return self.inner.generate(requests)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 def play(name: str, actor_fn, args, backend, split: str, problems: int, trace: TraceWriter | None,
          agents: int | None = None) -> dict[str, Any]:
     """One entry on the real model: accuracy with a 95% Wilson interval over problems, tokens, action shares."""
     options = {**env_options(args), "num_agents": agents or args.agents}
-    envs = [deliberation_env.parallel_env(backend=backend, split=split, trace=trace, trace_label=name, **options)
+    recorder = KeyRecorder(backend)
+    envs = [deliberation_env.parallel_env(backend=recorder, split=split, trace=trace, trace_label=name, **options)
             for _ in range(min(args.batch, problems))]
     episodes = [(episode_seed(args.seed, index), index) for index in range(problems)]
-    hits, misses = backend.stats.hits, backend.stats.misses
     start = time.perf_counter()
     records = play_episodes(envs, [actor_fn() for _ in envs], episodes)
     seconds = time.perf_counter() - start
-    requests = backend.stats.hits + backend.stats.misses - hits - misses
     correct = sum(bool(r["correct"]) for r in records)
     low, high = wilson_interval(correct, problems)
     actions: Counter = Counter()
@@ -114,7 +134,7 @@ def play(name: str, actor_fn, args, backend, split: str, problems: int, trace: T
     total = sum(actions.values()) or 1
     return {"name": name, "accuracy": correct / problems, "ci_low": low, "ci_high": high, "problems": problems,
             "tokens": float(np.mean([r["tokens"] for r in records])), "seconds": seconds,
-            "requests": requests, "generated": backend.stats.misses - misses,
+            "keys": recorder.keys,
             **{f"p_{a}": actions[i] / total for i, a in enumerate(ACTIONS)}}
 
 
@@ -176,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               else contextlib.nullcontext(args.base_url))
     started = time.perf_counter()
     with server as urls:
-        inner = OpenAICompatibleBackend(urls, model=args.model, concurrency=args.batch,
+        concurrency = args.concurrency or (1 if args.start_server else args.batch)
+        inner = OpenAICompatibleBackend(urls, model=args.model, concurrency=concurrency,
                                         logprobs=args.confidence == "critic")
         backend = CachedBackend(inner, os.path.join(args.out, "cache.sqlite"))
         calib_path, heldout_path = os.path.join(args.out, "calib.jsonl"), os.path.join(args.out, "heldout.jsonl")
@@ -199,10 +220,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"  {name}: {row['accuracy']:.3f}, {row['tokens']:.0f} tokens, {row['seconds']:.0f} s", flush=True)
         debate_seconds = rows[0]["seconds"]
         others_seconds = sum(r["seconds"] for r in rows[1:])
-        # What the six cost together against debate alone, in LLM requests: debate's own requests (what it
-        # generates on an empty cache), plus what the other five add to the cache it filled.
-        debate_requests = rows[0]["requests"]
-        six_requests = debate_requests + sum(r["generated"] for r in rows[1:6])
+        # What the six cost together against debate alone, in distinct LLM requests (what each would
+        # generate on an empty cache): the shared cache makes the union far smaller than the sum.
+        debate_requests = len(rows[0]["keys"])
+        six_requests = len(set().union(*(r["keys"] for r in rows[:6])))
 
         print("3/6 calibrating the sim", flush=True)
         from deliberation_env import calibrate
@@ -241,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def summary(args, rows, costs: tuple[float, float, int, int], stats, total_seconds: float) -> None:
     debate_seconds, others_seconds, debate_requests, six_requests = costs
+    rows = [{k: v for k, v in row.items() if k != "keys"} for row in rows]
     table = markdown(rows)
     protocols = [r for r in rows if r["name"] in PROTOCOLS and r["name"] != "oracle"]
     best = max(protocols, key=lambda r: r["accuracy"])

@@ -112,7 +112,10 @@ def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: 
 
     real, sim = summarize([e for e in episodes if e.label in PROTOCOLS]), summarize(simulated)
     labels = [label for label in real["protocols"] if label in sim["protocols"]]
-    lines = [f"# Sim fidelity: {len(episodes)} held-out episodes, sim config {os.fspath(sim_config)}", "",
+    shown = os.fspath(sim_config)  # relative to the working folder when inside it: reports travel
+    if os.path.isabs(shown) and not os.path.relpath(shown).startswith(os.pardir):
+        shown = os.path.relpath(shown)
+    lines = [f"# Sim fidelity: {len(episodes)} held-out episodes, sim config {shown}", "",
              "| protocol | episodes | accuracy real | accuracy sim | tokens real | tokens sim |", "|---|---|---|---|---|---|"]
     for label in labels:
         r, s = real["protocols"][label], sim["protocols"][label]
