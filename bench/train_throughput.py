@@ -35,14 +35,16 @@ class Counter:
 
 
 def counting_env(**kwargs):
+    """An env that counts its rounds: ``end_step`` closes a round both in ``env.step`` and in the
+    batched path (``BatchedEnvs``), which never calls ``env.step``."""
     env = deliberation_env.parallel_env(split="train", **kwargs)
-    step = env.step
+    end_step = env.end_step
 
-    def counted(actions):
+    def counted():
         Counter.rounds += 1
-        return step(actions)
+        return end_step()
 
-    env.step = counted
+    env.end_step = counted
     return env
 
 
