@@ -34,6 +34,21 @@ def test_real_episode_failover_and_logprobs(llama_url):
     assert backend.generate([_request(logprobs=True)])[0].top_logprobs
 
 
+def test_answer_logprobs_on_a_real_server_make_no_critic_call(llama_url):
+    backend = OpenAICompatibleBackend(llama_url, model="smol")
+    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=1, max_tokens=24,
+                                        confidence="answer_logprobs")
+    requests = []
+    generate = backend.generate
+    backend.generate = lambda batch: requests.extend(batch) or generate(batch)
+    _, infos = env.reset(seed=0)
+    assert {r.kind for r in requests} == {"solve"} and all(r.token_logprobs for r in requests)
+    answered = [info for info in infos.values() if info["answer"] is not None]
+    # llama-cpp-python sends no log-probabilities unless top_logprobs is named: the source would be "default"
+    assert answered and all(info["confidence_source"] == "answer_logprobs" for info in answered)
+    assert all(0.0 < info["confidence"] <= 1.0 for info in answered)
+
+
 def test_server_stopped_mid_episode_names_url():
     pytest.importorskip("llama_cpp.server")
     from deliberation_env.backends.models import smollm2_gguf_path

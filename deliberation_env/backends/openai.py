@@ -199,8 +199,8 @@ class OpenAICompatibleBackend:
         }
         if self.logprobs and (request.logprobs or request.token_logprobs):
             body["logprobs"] = True
-            if request.logprobs:
-                body["top_logprobs"] = self.top_logprobs
+            # always name top_logprobs: llama-cpp-python returns no log-probabilities at all without it
+            body["top_logprobs"] = self.top_logprobs if request.logprobs else 0
         text = json.dumps(body, ensure_ascii=False)
         try:
             encoded = text.encode()
