@@ -168,7 +168,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     plt = headless_pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 5.5))
     for r in rows:
         learned = r["name"] not in PROTOCOLS
         ax.errorbar(r["tokens"], r["accuracy"], yerr=[[r["accuracy"] - r["ci_low"]], [r["ci_high"] - r["accuracy"]]],
@@ -176,7 +176,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     ax.set_xlabel("tokens per problem")
     ax.set_ylabel("accuracy of the final consensus")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper center", ncol=3, bbox_to_anchor=(0.5, -0.14))  # below the axes: covers no point
     ax.grid(alpha=0.3)
     ax.set_title("real model: protocols and learned policies (95% Wilson intervals)")
     fig.tight_layout()
