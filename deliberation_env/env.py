@@ -174,11 +174,7 @@ class DeliberationEnv(ParallelEnv):
         return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        if seed is not None:
-            self.np_random, self.np_random_seed = seeding.np_random(seed)
-        problem = self._pick_problem(dict(options or {}))
-        episode_seed = int(self.np_random.integers(0, 2**62))
-        self.begin_reset(problem, episode_seed)
+        self.begin_episode(seed, options)
         self.run_pending()
         return self.end_reset()
 
@@ -189,6 +185,15 @@ class DeliberationEnv(ParallelEnv):
 
     # The phased form of reset/step: a batching runner gathers pending_requests() of many envs,
     # answers them in one backend call, hands each env its completions, then ends the step.
+    def begin_episode(self, seed: int | None = None, options: Mapping[str, Any] | None = None) -> Problem:
+        """``reset``'s draws (seed the generator, pick the problem, draw the episode seed), then
+        ``begin_reset``: every runner that resets in phases makes the same draws as ``reset``."""
+        if seed is not None:
+            self.np_random, self.np_random_seed = seeding.np_random(seed)
+        problem = self._pick_problem(dict(options or {}))
+        self.begin_reset(problem, int(self.np_random.integers(0, 2**62)))
+        return problem
+
     def begin_reset(self, problem: Problem, episode_seed: int) -> None:
         self.agents = []  # until end_reset: a reset that fails leaves no live agents of the old episode
         self.deliberation.start(problem, episode_seed)

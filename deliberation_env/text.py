@@ -166,11 +166,7 @@ class TextDeliberationEnv(ParallelEnv):
         return {self.possible_agents[i]: self._pending[p] for i, p in sorted(self._turns.items())}
 
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        meta = self.meta
-        if seed is not None:
-            meta.np_random, meta.np_random_seed = gymnasium.utils.seeding.np_random(seed)
-        problem = meta._pick_problem(dict(options or {}))  # the same draws as DeliberationEnv.reset
-        meta.begin_reset(problem, int(meta.np_random.integers(0, 2**62)))
+        problem = self.meta.begin_episode(seed, options)
         reset = getattr(self.meta_policy, "reset", None)
         if callable(reset):
             reset(seed)

@@ -28,13 +28,8 @@ class BatchedEnvs:
         """Like ``env.reset(seed=...)`` on every env; returns a list of (observations, infos)."""
         seeds = list(seeds) if seeds is not None else [None] * len(self.envs)
         options = list(options) if options is not None else [None] * len(self.envs)
-        from gymnasium.utils import seeding
-
         for env, seed, option in zip(self.envs, seeds, options):
-            if seed is not None:
-                env.np_random, env.np_random_seed = seeding.np_random(seed)
-            problem = env._pick_problem(dict(option or {}))  # same draw order as DeliberationEnv.reset
-            env.begin_reset(problem, int(env.np_random.integers(0, 2**62)))
+            env.begin_episode(seed, option)
         self._run(self.envs)
         return [env.end_reset() for env in self.envs]
 
