@@ -1,5 +1,5 @@
 """What the bench scripts share: the results folder, the command that reproduces a run, saving a
-Markdown table there."""
+Markdown table there, and a backend wrapper that counts what passes through it."""
 
 from __future__ import annotations
 
@@ -25,3 +25,22 @@ def save_markdown(stem: str, header: str, table: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"{header}\n\n`{command_line()}`\n\n{table}\n")
     return path
+
+
+class Counting:
+    """A backend wrapper that counts the requests it passes on, the completions it gets back and their tokens."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.requests = self.completions = self.prompt_tokens = self.completion_tokens = 0
+
+    def identity(self) -> str:
+        return self.inner.identity()
+
+    def generate(self, requests):
+        self.requests += len(requests)
+        out = self.inner.generate(requests)
+        self.completions += len(out)
+        self.prompt_tokens += sum(c.prompt_tokens for c in out)
+        self.completion_tokens += sum(c.completion_tokens for c in out)
+        return out

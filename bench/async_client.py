@@ -26,29 +26,13 @@ import os
 import time
 from collections import Counter
 
-from _results import RESULTS, save_markdown
+from _results import RESULTS, Counting, save_markdown
 
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.testing.servers import LoopbackServer
 from deliberation_env.vector import BatchedEnvs
-
-
-class Counting:
-    """A backend wrapper that counts the requests asked and the completions given back."""
-
-    def __init__(self, inner: OpenAICompatibleBackend):
-        self.inner, self.asked, self.answered = inner, 0, 0
-
-    def generate(self, requests):
-        self.asked += len(requests)
-        completions = self.inner.generate(requests)
-        self.answered += len(completions)
-        return completions
-
-    def identity(self) -> str:
-        return self.inner.identity()
 
 
 def fleet(n: int, latency: float, capacity: int) -> list[LoopbackServer]:
@@ -106,7 +90,7 @@ def episodes(servers: list[LoopbackServer], count: int, rounds: int, concurrency
             totals = per_episode.setdefault(episode, [0, 0])
             totals[0], totals[1] = totals[0] + stats.chars, totals[1] + stats.reused
             replicas[episode] += 1
-    return {"wall": wall, "asked": backend.asked, "completions": backend.answered, "answered": len(answered),
+    return {"wall": wall, "asked": backend.requests, "completions": backend.completions, "answered": len(answered),
             "duplicated": sum(n - 1 for n in answered.values()), "ended": sum(not env.agents for env in envs),
             "episodes": count, "reuse": sum(r for _, r in per_episode.values()) / sum(c for c, _ in per_episode.values()),
             "reuse_per_episode": sorted(r / c for c, r in per_episode.values()),

@@ -7,6 +7,8 @@ import argparse
 import tempfile
 import time
 
+from _results import Counting
+
 import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.models import smollm2_gguf_path
@@ -25,19 +27,6 @@ class OneAtATime:
         return [self.inner.generate([r])[0] for r in requests]
 
 
-class Counting:
-    def __init__(self, inner):
-        self.inner, self.tokens = inner, 0
-
-    def identity(self):
-        return self.inner.identity()
-
-    def generate(self, requests):
-        out = self.inner.generate(requests)
-        self.tokens += sum(c.completion_tokens for c in out)
-        return out
-
-
 def policy(index, observations):
     return {agent: 1 for agent in observations}
 
@@ -52,7 +41,7 @@ def run(backend, episodes, args, across: bool) -> float:
     else:
         for i, env in enumerate(envs):
             run_batched([env], policy, [i])
-    return counter.tokens / (time.perf_counter() - start)
+    return counter.completion_tokens / (time.perf_counter() - start)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import RESULTS, command_line, save_markdown  # noqa: E402
+from _results import RESULTS, Counting, command_line, save_markdown  # noqa: E402
 
 import deliberation_env  # noqa: E402
 from deliberation_env.backends.base import Request  # noqa: E402
@@ -35,23 +35,6 @@ from deliberation_env.calibrate import auroc  # noqa: E402
 from deliberation_env.vector import BatchedEnvs  # noqa: E402
 
 SOURCES = ("answer_logprobs", "critic", "critic_text")
-
-
-class Counting:
-    """Counts what reaches the model (cache misses): requests and tokens by request kind."""
-
-    def __init__(self, inner):
-        self.inner, self.requests, self.prompt_tokens, self.completion_tokens = inner, 0, 0, 0
-
-    def identity(self) -> str:
-        return self.inner.identity()
-
-    def generate(self, requests):
-        out = self.inner.generate(requests)
-        self.requests += len(requests)
-        self.prompt_tokens += sum(c.prompt_tokens for c in out)
-        self.completion_tokens += sum(c.completion_tokens for c in out)
-        return out
 
 
 def measure(source: str, backend, args: argparse.Namespace) -> dict:

@@ -46,7 +46,7 @@ from _results import RESULTS, command_line, save_markdown, wilson_interval  # no
 import deliberation_env  # noqa: E402
 from baselines.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
 from baselines.protocols import PROTOCOLS, make_protocol  # noqa: E402
-from deliberation_env.backends.cache import _KeyHasher  # noqa: E402
+from deliberation_env.backends.cache import request_key  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
 from deliberation_env.traces import TraceWriter  # noqa: E402
 
@@ -105,10 +105,10 @@ class KeyRecorder:
     def __init__(self, inner):
         self.inner = inner
         self.keys: set[str] = set()
-        self._key = _KeyHasher(inner.identity())
+        self._identity = inner.identity()
 
     def generate(self, requests):
-        self.keys.update(map(self._key, requests))
+        self.keys.update(request_key(self._identity, r) for r in requests)
         return self.inner.generate(requests)
 
     def __getattr__(self, name: str):
