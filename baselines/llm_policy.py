@@ -53,18 +53,31 @@ def resolve_model(model: str) -> str:
 
 
 class AgentSampler:
-    """One agent's generator behind the ``Backend`` protocol: activates its adapter, then generates."""
+    """One agent's generator behind the ``Backend`` protocol (shared or separate weights)."""
 
-    def __init__(self, backend: Any, adapter: str | None):
-        self.backend, self.adapter = backend, adapter
+    def __init__(self, backend: Any):
+        self.backend = backend
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        if self.adapter is not None:
-            self.backend.model.set_adapter(self.adapter)
         return self.backend.generate(requests)
 
     def identity(self) -> str:
-        return f"{self.backend.identity()},adapter={self.adapter}"
+        return self.backend.identity()
+
+
+class AdapterSampler:
+    """Every agent's generator on one base with a LoRA adapter per agent: each request runs under its agent's
+    adapter, and the agents' requests share batches (one ``generate`` call answers the whole team)."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        self.backend.model.eval()  # peft mixes adapters in a batch only in eval mode (sampling has no dropout anyway)
+        return self.backend.generate(requests, adapter_names=[adapter_name(r.agent) for r in requests])
+
+    def identity(self) -> str:
+        return f"{self.backend.identity()},adapters=per-agent"
 
 
 @dataclass
@@ -109,8 +122,10 @@ class TeamPolicy:
             first.model = peft_model
         elif reference:
             self.references = [copy.deepcopy(b.model).requires_grad_(False).eval() for b in self.distinct_backends]
-        self.samplers = [AgentSampler(b, adapter_name(i) if weights == "lora" else None)
-                         for i, b in enumerate(self.backends)]
+        if weights == "lora":
+            self.samplers: list[Any] = [AdapterSampler(first)] * num_agents
+        else:
+            self.samplers = [AgentSampler(b) for b in self.backends]
         for group in self.parameter_groups():
             for parameter in group:
                 parameter.requires_grad_(True)
@@ -167,25 +182,31 @@ class TeamPolicy:
         targets = torch.zeros((len(prompts), longest), dtype=torch.long)
         positions = torch.zeros((len(prompts), longest), dtype=torch.long)
         mask = torch.zeros((len(prompts), longest), dtype=torch.float32)
-        for row, (prompt, completion) in enumerate(zip(prompts, completions)):  # right padding
+        for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+            # left padding, so that every completion ends at the last column and only the last longest + 1 columns
+            # need logits (the vocabulary projection of prompt tokens is most of a forward pass's waste)
             sequence = prompt + completion
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-            attention[row, : len(sequence)] = 1
+            ids[row, width - len(sequence) :] = torch.tensor(sequence)
+            attention[row, width - len(sequence) :] = 1
             targets[row, : len(completion)] = torch.tensor(completion, dtype=torch.long)
-            positions[row, : len(completion)] = torch.arange(len(prompt) - 1, len(sequence) - 1)
+            # kept column k is sequence position width - longest - 1 + k; token j of the completion is predicted
+            # by the column before it
+            positions[row, : len(completion)] = torch.arange(longest - len(completion), longest)
             mask[row, : len(completion)] = 1.0
         device = backend.device
         ids, attention = ids.to(device), attention.to(device)
+        inputs = {"input_ids": ids, "attention_mask": attention, "logits_to_keep": longest + 1,
+                  "position_ids": (attention.cumsum(1) - 1).clamp(min=0)}
         if reference:
             with torch.no_grad():
                 if self.weights == "lora":
                     with model.disable_adapter():
-                        logits = model(input_ids=ids, attention_mask=attention).logits
+                        logits = model(**inputs).logits
                 else:
                     reference_model = self.references[0 if self.weights == "shared" else agent]
-                    logits = reference_model(input_ids=ids, attention_mask=attention).logits
+                    logits = reference_model(**inputs).logits
         else:
-            logits = model(input_ids=ids, attention_mask=attention).logits
+            logits = model(**inputs).logits
         rows = torch.arange(len(prompts))[:, None]
         picked = logits[rows, positions.to(device)].float()  # the logits that predicted each completion token
         scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)[:, None, None]

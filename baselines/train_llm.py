@@ -9,7 +9,7 @@ Each update, top to bottom:
    text env reset with the same seed. Joint mode "aligned": at every turn each acting agent samples one
    completion per copy (the request's temperature and max_tokens, a seed that differs per copy), so
    candidate k of every agent forms joint rollout k, and copy k advances with it. Generation goes through the
-   ``Backend`` protocol (one ``AgentSampler`` per agent: the in-process model with the agent's adapter).
+   ``Backend`` protocol (the in-process model; with per-agent LoRA adapters, every agent's requests share batches).
 2. Credit: each completion's return is its rollout's team return (every agent's rewards summed over the
    episode) or, with ``--credit agent``, its agent's own episode return (the env's decomposed rewards).
 3. Advantages per group (problem, agent, round, request kind) across the G rollouts, or pooled over the team
@@ -75,6 +75,8 @@ class LLMTrainConfig:
     """Problems per update (a batch has problems_per_update * group_size episodes)."""
     updates: int = 10
     """Policy updates."""
+    max_minutes: float = 0.0
+    """Stop training (rollouts and updates, not the evaluations) once this many minutes have passed (0: no limit)."""
     credit: str = "team"
     """Return of a completion: team (the rollout's team return) or agent (its agent's own episode return)."""
     pool_agents: bool = False
@@ -175,8 +177,8 @@ class LLMTrainConfig:
                      "threads", "eval_problems", "eval_seeds", "generate_batch", "lora_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.updates < 0 or self.alternate < 0 or self.clip < 0 or self.kl_coef < 0 or self.reward_scale <= 0:
-            raise ValueError("updates, alternate, clip and kl_coef must be >= 0 and reward_scale > 0")
+        if min(self.updates, self.alternate, self.clip, self.kl_coef, self.max_minutes) < 0 or self.reward_scale <= 0:
+            raise ValueError("updates, alternate, clip, kl_coef and max_minutes must be >= 0 and reward_scale > 0")
         if not self.lr > 0 or not self.tau > 0:
             raise ValueError(f"lr and tau must be > 0, got {self.lr}, {self.tau}")
         self.agents_trained()
@@ -387,21 +389,34 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
     rng = np.random.default_rng(cfg.seed)
     logger = MetricsLogger(cfg.out, cfg.tensorboard)
     bar = progress_bar(cfg.updates, f"train_llm {cfg.algo}", cfg.progress)
+    began = time.time()
     for update in range(cfg.updates):
+        if cfg.max_minutes and time.time() - began > 60 * cfg.max_minutes:
+            print(f"train_llm: stopping after {update} updates, the {cfg.max_minutes:g}-minute budget is spent",
+                  file=sys.stderr)
+            break
         start = time.time()
         trained = trained_now(cfg, update)
         seeds = rng.integers(0, 2**31 - 1, size=cfg.problems_per_update)
         with torch.inference_mode():
             samples, records = collect(envs, team, seeds, update, trained)
+        rollout_seconds = time.time() - start
         adv = advantages(samples, records, cfg)
         stats = policy_update(team, optimizer, samples, adv, cfg, accelerator.backward)
+        update_seconds = time.time() - start - rollout_seconds
+        trained_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples) * cfg.epochs
         flags = [r["correct"] for r in records if r["correct"] is not None]
         metrics = {"accuracy": float(np.mean(flags)) if flags else float("nan"),
                    "team_return": float(np.mean([r["rewards"].sum() for r in records])),
                    "tokens": float(np.mean([r["tokens"] for r in records])),
                    "completion_tokens": float(np.mean([len(s.completion_ids) for s in samples])) if samples else 0.0,
                    "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
-                   "trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start, **stats}
+                   "trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start,
+                   "rollout_seconds": rollout_seconds, "update_seconds": update_seconds,
+                   # generation speed (every agent's completion tokens) and training speed (prompt + completion
+                   # tokens through forward and backward, per epoch)
+                   "rollout_tok_s": sum(r["tokens"] for r in records) / max(rollout_seconds, 1e-9),
+                   "update_tok_s": trained_tokens / max(update_seconds, 1e-9), **stats}
         for key in sorted({k for r in records for k in r["terms"]}):  # per-agent means of each reward term
             metrics[key] = float(np.mean([r["terms"].get(key, 0.0) for r in records]))
         logger.log(update + 1, metrics)
@@ -409,6 +424,7 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
         bar.set_postfix(acc=metrics["accuracy"], ret=metrics["team_return"], loss=stats.get("loss", 0.0))
     bar.close()
     logger.close()
+    training_seconds = time.time() - began
     checkpoint = os.path.join(cfg.out, "checkpoint")
     team.save(checkpoint, merged=cfg.save_merged)
     with open(os.path.join(checkpoint, "train_config.json"), "w", encoding="utf-8") as f:
@@ -421,7 +437,8 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
         backends = team_backends(checkpoint, dtype=cfg.dtype, device=str(accelerator.device),
                                  batch_size=cfg.generate_batch)
         rows.append(evaluate_team("after", backends, cfg))
-        print(save_comparison(rows, os.path.join(cfg.out, "eval"), cfg))
+        print(save_comparison(rows, os.path.join(cfg.out, "eval"), replace(cfg, updates=len(logger.rows))))
+    print(f"trained {cfg.algo} for {len(logger.rows)} updates in {training_seconds:.0f}s of training -> {checkpoint}")
     return team
 
 
@@ -453,11 +470,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
 
             meta_env(cfg, None, check_problems=True)
         os.makedirs(cfg.out, exist_ok=True)
-    start = time.time()
-    team = train(cfg)
-    print(f"trained {cfg.algo} for {cfg.updates} updates in {time.time() - start:.0f}s -> "
-          f"{os.path.join(cfg.out, 'checkpoint')}")
-    return team
+    return train(cfg)
 
 
 if __name__ == "__main__":

@@ -80,3 +80,21 @@ def test_answer_logprobs_confidence_makes_no_critic_calls(smol):
     observations, *_ = env.step({agent: 1 for agent in env.agents})
     assert smol.generate_calls == calls + 2  # the refines only
     assert all(env.observation_space(a).contains(o) for a, o in observations.items())
+
+
+def test_output_projection_gets_contiguous_rows(smol):
+    # generate hands the vocabulary projection a slice of the hidden states; torch's CPU bfloat16 linear copies the
+    # weight once per row for a non-contiguous input (seconds per batch on a 150k vocabulary), so the backend
+    # makes it contiguous first; the logits are the same
+    head = smol.model.get_output_embeddings()
+    seen = []
+    handle = head.register_forward_pre_hook(lambda _module, args: seen.append(args[0].is_contiguous()))
+    try:
+        hidden = torch.randn(3, 5, head.in_features, dtype=head.weight.dtype)[:, -2:, :]
+        assert not hidden.is_contiguous()
+        with torch.inference_mode():
+            logits = head(hidden)
+            expected = torch.nn.functional.linear(hidden.contiguous(), head.weight)
+    finally:
+        handle.remove()
+    assert seen == [True] and torch.equal(logits, expected)

@@ -147,3 +147,58 @@ def test_cli_mistakes_are_one_line(tmp_path, args, expected):
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("python -m baselines.train_llm: error: ") and expected in lines[0], lines[0]
     assert not list(tmp_path.iterdir())
+
+
+def test_log_probabilities_of_a_padded_batch_match_one_sequence_at_a_time(team):
+    tokenizer = team.tokenizer
+    prompts = [tokenizer(text)["input_ids"] for text in ("What is 2 + 2?", "Compute 7 times 8, and say why please.")]
+    completions = [tokenizer(text)["input_ids"] for text in (" It is 4.", " The answer is 56: seven eights are 56.")]
+    temperatures = [0.7, 1.0]
+    with torch.no_grad():
+        log_p, mask = team.logprobs(0, prompts, completions, temperatures)
+        for row, (prompt, completion, temperature) in enumerate(zip(prompts, completions, temperatures)):
+            logits = team.model(0)(input_ids=torch.tensor([prompt + completion])).logits[0].float()
+            alone = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, -1)
+            alone = alone.gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+            assert mask[row].sum() == len(completion)
+            assert torch.allclose(log_p[row, : len(completion)], alone, atol=1e-4)
+            assert not log_p[row, len(completion) :].any()
+
+
+def test_agents_share_generate_batches_under_their_own_adapters(team):
+    start = _adapter(team, 1)
+    with torch.no_grad():  # give agent 1 a different policy than agent 0 (whose adapter is still near the base)
+        for name, parameter in team.backends[0].model.named_parameters():
+            if ".agent_1." in name and "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    try:
+        messages = (Message("user", "Name a colour."),)
+        requests = [Request(messages, "solve", agent, 1, max_tokens=8, temperature=0.0) for agent in (0, 1, 0, 1)]
+        calls = team.backends[0].generate_calls
+        mixed = [c.text for c in team.samplers[0].generate(requests)]
+        assert team.backends[0].generate_calls == calls + 1  # one call for the whole team
+        alone = []
+        for request in requests:
+            team.backends[0].model.set_adapter(f"agent_{request.agent}")
+            alone.append(team.backends[0].generate([request])[0].text)
+        assert mixed == alone and mixed[0] != mixed[1]
+    finally:
+        with torch.no_grad():
+            for name, parameter in team.backends[0].model.named_parameters():
+                if name in start:
+                    parameter.copy_(start[name])
+
+
+def test_cli_stops_when_the_time_budget_is_spent(converted, tmp_path, monkeypatch):
+    from baselines import train_llm
+
+    monkeypatch.chdir(tmp_path)
+    train_llm.main(["--agents", "2", "--group-size", "2", "--updates", "5", "--max-minutes", "0.0001",
+                    "--max-tokens", "4", "--meta-policy", "self_consistency", "--task-option", "levels=0",
+                    "--env-option", "confidence=answer_logprobs", "--no-evaluate", "--converted-cache-dir", converted,
+                    "--no-progress", "--no-tensorboard", "--out", "run"])
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1  # the first update starts inside the budget; the second would not
+    metrics = json.loads(rows[0])
+    assert metrics["rollout_seconds"] > 0 and metrics["update_seconds"] > 0 and metrics["rollout_tok_s"] > 0
+    assert (tmp_path / "run" / "checkpoint" / "team.json").is_file()
