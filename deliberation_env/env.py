@@ -318,35 +318,39 @@ class DeliberationEnv(ParallelEnv):
         return chosen
 
     def _observations(self) -> dict[str, Any]:
+        # Every array is built once per call for all agents (fresh each step); agents get views of their rows.
         core = self.deliberation
         rows = core.feature_matrix()
-        peer_rows = rows[self._peer_matrix]  # (N, N-1, F): one gather for all agents, fresh each step
+        peer_rows = rows[self._peer_matrix]  # (N, N-1, F): one gather for all agents
         answers = [a.answer for a in core.agents]
+        agreement = np.array([[own is not None and answers[j] == own for j in peers]
+                              for own, peers in zip(answers, self._peers)], dtype=np.float32).reshape(len(answers), -1)
+        masks = core.action_masks()
+        observation = self.format.observation
         observations = {}
         for agent in self.agents:
             i = self._index[agent]
-            own = answers[i]
-            observations[agent] = self.format.observation({
-                "self": rows[i],
-                "peers": peer_rows[i],
-                "agreement": np.array([own is not None and answers[j] == own for j in self._peers[i]], dtype=np.float32),
-                "action_mask": core.action_mask(i),
-            })
+            observations[agent] = observation(
+                {"self": rows[i], "peers": peer_rows[i], "agreement": agreement[i], "action_mask": masks[i]})
         return observations
 
     def _infos(self, outcome: RoundOutcome | None) -> dict[str, dict[str, Any]]:
+        if self.format.infos == "none" and not self.format.mask_in_info:
+            return {agent: {} for agent in self.agents}
         core = self.deliberation
         consensus = core.consensus()
-        consensus_correct = core.grade(consensus)
+        consensus_correct = bool(core.grade(consensus))
         problem_id = core.problem.id if core.problem else None
+        masks = core.action_masks()  # the infos' own arrays, apart from the observations'
+        zeros = dict.fromkeys(core.config.reward_weights, 0.0)
         infos = {}
         for agent in self.agents:
             i = self._index[agent]
             state = core.agents[i]
             target = core.concede_target(i)
-            components = outcome.components[i] if outcome else dict.fromkeys(core.config.reward_weights, 0.0)
+            components = outcome.components[i] if outcome else zeros
             action = self._last_actions[i]
-            infos[agent] = self.format.info({
+            full = {
                 "answer": state.answer,
                 "confidence": float(state.confidence),
                 "confidence_source": state.confidence_source,
@@ -356,13 +360,15 @@ class DeliberationEnv(ParallelEnv):
                 "round": core.round,
                 "problem_id": problem_id,
                 "action": None if action is None else action.name,
-                **{f"reward_{name}": float(value) for name, value in components.items()},
-                "correct": bool(state.correct),
-                "consensus_correct": bool(consensus_correct),
-                "concede_target": None if target is None else self.possible_agents[target],
-                "concede_target_correct": bool(target is not None and core.agents[target].correct),
-                "oracle_action": int(core.oracle_action(i)),
-            }, core.action_mask(i), self._index)
+            }
+            for name, value in components.items():
+                full[f"reward_{name}"] = float(value)
+            full["correct"] = bool(state.correct)
+            full["consensus_correct"] = consensus_correct
+            full["concede_target"] = None if target is None else self.possible_agents[target]
+            full["concede_target_correct"] = target is not None and bool(core.agents[target].correct)
+            full["oracle_action"] = int(core.oracle_action(i))
+            infos[agent] = self.format.info(full, masks[i], self._index)
         return infos
 
     def _render_text(self) -> str:

@@ -34,6 +34,7 @@ of knobs (``{"skills": [0.6, 0.5], ...}`` or the ``{"config": {...}, ...}`` that
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -43,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from deliberation_env.backends.base import Completion, Request, estimate_tokens
+from deliberation_env.backends.base import Completion, Request, SimContext, estimate_tokens
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,9 @@ class SimBackend:
             self.config = config or SimConfig(**knobs)
         except TypeError as error:
             raise TypeError(f"{error}; SimConfig fields: {', '.join(SimConfig.__dataclass_fields__)}") from None
-        self._distractors: dict[str, list[str]] = {}
+        self._distractors: dict[str, tuple[list[str], list[float]]] = {}
+        """Per problem: its distractors and their cumulative weights (what ``rng.choices`` sums from the weights)."""
+        self._odds: dict[tuple[str, str, float | None, int], tuple[float, float]] = {}
 
     def identity(self) -> str:
         return "sim:" + ",".join(f"{k}={v}" for k, v in asdict(self.config).items()
@@ -213,30 +216,15 @@ class SimBackend:
                 "use a real backend (transformers, openai) for free-form prompts"
             )
         rng = random.Random(request.seed)
-        prompt_tokens = sum(estimate_tokens(m.content) for m in request.messages)
+        prompt_tokens = sum([estimate_tokens(m.content) for m in request.messages])
         if request.kind == "critic":
             return self._critic(request, rng, prompt_tokens)
         cfg, problem = self.config, context.problem
-        difficulty = problem_difficulty(problem.id, problem.difficulty)
-        p_solve = solve_probability(cfg, request.agent, difficulty)
-        wrong_peers = [a for a, ok in zip(context.peer_answers, context.peer_correct) if a is not None and not ok]
-        peers = len(context.peer_answers) or 1
-        share_right = sum(context.peer_correct) / peers
+        difficulty, p_solve = self._problem_odds(context, request.agent)
         if request.kind == "solve":
             answer = problem.answer if rng.random() < p_solve else self._wrong(context, rng)
-        elif cfg.copy_peer and any(a is not None for a in context.peer_answers) and rng.random() < cfg.copy_peer:
-            answer = rng.choice([a for a in context.peer_answers if a is not None])
-        elif context.own_correct:
-            switch = cfg.sycophancy * len(wrong_peers) / peers
-            answer = rng.choice(wrong_peers) if wrong_peers and rng.random() < switch else problem.answer
-            if answer == problem.answer and cfg.refine_break and rng.random() < cfg.refine_break:
-                answer = self._wrong(context, rng)
-        elif rng.random() < min(0.95, cfg.refine_self * p_solve + cfg.refine_peer_gain * share_right):
-            answer = problem.answer
-        elif wrong_peers and rng.random() < cfg.follow_wrong:
-            answer = rng.choice(wrong_peers)
         else:
-            answer = context.own_answer if context.own_answer is not None else self._wrong(context, rng)
+            answer = self._refined_answer(context, p_solve, rng)
         right = answer == problem.answer
         text = context.task.render_solution(problem, answer, rng)
         if rng.random() < (cfg.check_rate_right if right else cfg.check_rate_wrong):
@@ -248,6 +236,38 @@ class SimBackend:
         token_logprobs = self._answer_token_logprobs(request, text, answer, right, rng) if request.token_logprobs else None
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=min(tokens, request.max_tokens),
                           token_logprobs=token_logprobs)
+
+    def _refined_answer(self, context: SimContext, p_solve: float, rng: random.Random) -> str | None:
+        """The answer of a REFINE (see the module docstring)."""
+        cfg, gold = self.config, context.problem.answer
+        wrong_peers = [a for a, ok in zip(context.peer_answers, context.peer_correct) if a is not None and not ok]
+        peers = len(context.peer_answers) or 1
+        if cfg.copy_peer and any(a is not None for a in context.peer_answers) and rng.random() < cfg.copy_peer:
+            return rng.choice([a for a in context.peer_answers if a is not None])
+        if context.own_correct:
+            switch = cfg.sycophancy * len(wrong_peers) / peers
+            answer = rng.choice(wrong_peers) if wrong_peers and rng.random() < switch else gold
+            if answer == gold and cfg.refine_break and rng.random() < cfg.refine_break:
+                answer = self._wrong(context, rng)
+            return answer
+        share_right = sum(context.peer_correct) / peers
+        if rng.random() < min(0.95, cfg.refine_self * p_solve + cfg.refine_peer_gain * share_right):
+            return gold
+        if wrong_peers and rng.random() < cfg.follow_wrong:
+            return rng.choice(wrong_peers)
+        return context.own_answer if context.own_answer is not None else self._wrong(context, rng)
+
+    def _problem_odds(self, context: SimContext, agent: int) -> tuple[float, float]:
+        """(difficulty, P(agent's first solution is right)) of the context's problem, computed once."""
+        problem = context.problem
+        key = (context.task.name, problem.id, problem.difficulty, agent)
+        odds = self._odds.get(key)
+        if odds is None:
+            if len(self._odds) > 100_000:
+                self._odds.clear()
+            difficulty = problem_difficulty(problem.id, problem.difficulty)
+            odds = self._odds[key] = (difficulty, solve_probability(self.config, agent, difficulty))
+        return odds
 
     def _answer_token_logprobs(self, request: Request, text: str, answer: str | None, right: bool,
                                rng: random.Random) -> tuple[tuple[str, float], ...]:
@@ -276,12 +296,12 @@ class SimBackend:
             return None
         key = f"{context.task.name}/{context.problem.id}"
         if key not in self._distractors:
-            self._distractors[key] = context.task.distractors(context.problem, random.Random(key))
-        options = self._distractors[key]
+            options = context.task.distractors(context.problem, random.Random(key))
+            self._distractors[key] = (options, list(itertools.accumulate(cfg.distractor_decay**k for k in range(len(options)))))
+        options, cum_weights = self._distractors[key]
         if not options:
             return None
-        weights = [cfg.distractor_decay**k for k in range(len(options))]
-        return rng.choices(options, weights)[0]
+        return rng.choices(options, cum_weights=cum_weights)[0]
 
     def _critic(self, request: Request, rng: random.Random, prompt_tokens: int) -> Completion:
         cfg, context = self.config, request.context

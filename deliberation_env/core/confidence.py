@@ -6,6 +6,7 @@ log-probabilities, garbage types), the result is a confidence in [0, 1] and a na
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -32,7 +33,12 @@ def parse_confidence(completion: Completion) -> tuple[float, str]:
         p_yes = exp(yes - top) if yes is not None else 0.0
         p_no = exp(no - top) if no is not None else 0.0
         return p_yes / (p_yes + p_no), "logprobs"
-    text = completion.text
+    return _text_confidence(completion.text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_confidence(text: str) -> tuple[float, str]:
+    """``parse_confidence`` of a critic text without log-probabilities (texts repeat: computed once each)."""
     match = _CONFIDENCE.search(text)
     if match:
         value = float(match.group(1))

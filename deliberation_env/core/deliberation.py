@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 import numpy as np
@@ -112,6 +112,12 @@ class AgentState:
     step_tokens: int = 0
     total_tokens: int = 0
 
+    def copy(self) -> AgentState:
+        """A shallow copy (the round-start snapshot); several times faster than ``dataclasses.replace``."""
+        clone = object.__new__(AgentState)
+        clone.__dict__.update(self.__dict__)
+        return clone
+
 
 @dataclass(frozen=True)
 class RoundOutcome:
@@ -195,7 +201,7 @@ class Deliberation:
             raise RuntimeError("begin_round() after the episode ended; call reset() to start a new one")
         assert self.problem is not None
         self._correct_before = tuple(agent.correct for agent in self.agents)
-        snapshot = [replace(agent) for agent in self.agents]
+        snapshot = [agent.copy() for agent in self.agents]
         targets = [self.concede_target(i) for i in range(len(self.agents))]
         jobs = []
         self._changed = []
@@ -314,6 +320,12 @@ class Deliberation:
         """int8 [PERSIST, REFINE, CONCEDE]: CONCEDE only when a concede target exists."""
         return np.array([1, 1, 0 if self.concede_target(agent) is None else 1], dtype=np.int8)
 
+    def action_masks(self) -> np.ndarray:
+        """Every agent's ``action_mask`` as the rows of one fresh (N, 3) int8 array."""
+        self.concede_target(0)
+        targets = self._derived["targets"]
+        return np.array([[1, 1, 0 if target is None else 1] for target in targets], dtype=np.int8)  # type: ignore[union-attr]
+
     def oracle_action(self, agent: int) -> Action:
         """The oracle label of METHOD.md: PERSIST if correct, CONCEDE if the target is correct, else REFINE."""
         if self.agents[agent].correct:
@@ -348,16 +360,11 @@ class Deliberation:
     def _context(self, agent: int, peer_states: Sequence[AgentState] | None = None) -> SimContext:
         """The sim's view of a request: the agent's state now, its peers as ``peer_states`` show them."""
         assert self.problem is not None
-        peers = self._peers[agent]
         peer_states = self.agents if peer_states is None else peer_states
-        return SimContext(
-            task=self.task,
-            problem=self.problem,
-            own_answer=self.agents[agent].answer,
-            own_correct=self.agents[agent].correct,
-            peer_answers=tuple(peer_states[j].answer for j in peers),
-            peer_correct=tuple(peer_states[j].correct for j in peers),
-        )
+        peers = [peer_states[j] for j in self._peers[agent]]
+        own = self.agents[agent]
+        return SimContext(self.task, self.problem, own.answer, own.correct, tuple([p.answer for p in peers]),
+                          tuple([p.correct for p in peers]))
 
     @property
     def request_round(self) -> int:

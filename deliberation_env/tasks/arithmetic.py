@@ -16,6 +16,7 @@ last step, reversing one add/remove, off-by-one in a pack count.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -135,6 +136,13 @@ def _checked_levels(levels: object) -> tuple[int, ...]:
     return tuple(int(level) for level in items)
 
 
+@functools.lru_cache(maxsize=16)
+def _generate_split(split: str, seed: int, count: int, levels: tuple[int, ...]) -> tuple[Problem, ...]:
+    """A split's problems, generated once per process (every env of a vector of envs asks for the same split)."""
+    rng = random.Random(f"arithmetic/{split}/{seed}/{levels}")
+    return tuple(generate_problem(rng, rng.choice(levels), index, split) for index in range(count))
+
+
 class ArithmeticTask(BaseTask):
     """Seeded multi-step integer word problems; exact grading.
 
@@ -162,11 +170,7 @@ class ArithmeticTask(BaseTask):
             raise ValueError(f"arithmetic has splits {sorted(SPLITS)}, got {split!r}")
         if split not in self._splits:
             seed, count = SPLITS[split]
-            count = self.num_problems or count
-            rng = random.Random(f"arithmetic/{split}/{seed}/{self.levels}")
-            self._splits[split] = [
-                generate_problem(rng, rng.choice(self.levels), index, split) for index in range(count)
-            ]
+            self._splits[split] = list(_generate_split(split, seed, self.num_problems or count, self.levels))
         return self._splits[split]
 
     def extract_answer(self, text: str) -> str | None:
