@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -91,6 +91,25 @@ def encode(layout: ObsLayout, obs: Any) -> tuple[np.ndarray, np.ndarray]:
         parts.append(np.concatenate(columns, axis=1).reshape(-1))
     mask = np.asarray(obs[layout.mask_key], dtype=bool) if layout.mask_key else np.ones(layout.num_actions, bool)
     return np.concatenate(parts), mask
+
+
+def encode_many(layout: ObsLayout, observations: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``stack([encode(layout, o) for o in observations])`` with one numpy call per key instead of several per
+    observation (the same values: the same float32 conversion, the same column order)."""
+    count = len(observations)
+
+    def column(key: str) -> np.ndarray:
+        return np.stack([np.asarray(o if key == "" else o[key], dtype=np.float32) for o in observations])
+
+    parts = [column(key).reshape(count, -1) for key, _ in layout.self_keys]
+    if layout.peer_keys:
+        columns = [column(key).reshape(count, layout.num_peers, -1) for key, _ in layout.peer_keys]
+        parts.append(np.concatenate(columns, axis=2).reshape(count, -1))
+    if layout.mask_key:
+        mask = np.stack([np.asarray(o[layout.mask_key], dtype=bool) for o in observations])
+    else:
+        mask = np.ones((count, layout.num_actions), bool)
+    return torch.from_numpy(np.concatenate(parts, axis=1)), torch.from_numpy(mask)
 
 
 def agent_layout(env: Any, mask_key: str = "action_mask") -> ObsLayout:

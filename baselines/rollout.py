@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pettingzoo import ParallelEnv
 
-from baselines.common import ObsLayout, Policy, encode, stack
+from baselines.common import ObsLayout, Policy, encode, encode_many
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.vector import BatchedEnvs
 
@@ -148,8 +148,7 @@ def collect(
         step = 0
         while live:
             batch = [(e, a) for e in live for a in envs[e].agents]
-            encoded = [encode(layout, obs[e][a]) for e, a in batch]
-            x, mask = stack(encoded)
+            x, mask = encode_many(layout, [obs[e][a] for e, a in batch])
             if policy is None:
                 logits = torch.zeros(mask.shape).masked_fill(~mask, -1e9)
             else:

@@ -50,6 +50,12 @@ CONCEDE_TARGETS = ("most_confident", "plurality")
 CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
 _KIND_IDS = {"solve": 1, "refine": 2, "critic": 3}
 _EPISODE_IDS = itertools.count(1)  # Request.episode: distinct per episode in this process
+_PARSED: dict[tuple[int, str], tuple[str | None, tuple[float, ...]]] = {}
+"""(id(task), text) -> (extracted answer, text profile), shared by every deliberation in the process: texts repeat
+within and across episodes and envs (a sim renders a few texts per problem), and parsing them is the cost."""
+_PARSED_TASKS: dict[int, Task] = {}
+"""The tasks whose ids key ``_PARSED``, kept alive while their entries exist (so that no id is reused)."""
+_PARSED_LIMIT = 32_768
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,6 @@ class Deliberation:
         self._starting = False
         self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
-        self._parsed: dict[str, tuple[str | None, tuple[float, ...]]] = {}
         self.request_log: list[tuple[int, str, int, int]] | None = None
         """When a list (episode traces), receive() appends (agent, kind, prompt_tokens, completion_tokens)."""
         count = config.num_agents
@@ -186,8 +191,6 @@ class Deliberation:
         self._derived = {}
         if self.request_log is not None:
             self.request_log.clear()
-        if len(self._parsed) > 4096:  # texts repeat within and across episodes; keep the memo bounded
-            self._parsed.clear()
         messages = self.task.solve_messages(problem)
         self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
 
@@ -406,13 +409,17 @@ class Deliberation:
 
     def _absorb_solution(self, index: int, completion: Completion) -> None:
         agent, text = self.agents[index], completion.text
-        parsed = self._parsed.get(text)
+        parsed = _PARSED.get((id(self.task), text))
         if parsed is None:
+            if len(_PARSED) > _PARSED_LIMIT:
+                _PARSED.clear()
+                _PARSED_TASKS.clear()
             try:
                 answer = self.task.extract_answer(text)
             except Exception:  # an extractor bug must not crash the env on odd model output
                 answer = None
-            parsed = self._parsed[text] = (answer, features.text_profile(text))
+            _PARSED_TASKS[id(self.task)] = self.task
+            parsed = _PARSED[id(self.task), text] = (answer, features.text_profile(text))
         answer, text_features = parsed
         changed = answer != agent.answer
         agent.text, agent.answer = text, answer
