@@ -13,8 +13,11 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def command_line() -> str:
-    """The command that started this script, ready to paste."""
-    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    """The command that started this script, ready to paste (the home folder written as ~, so that no path of
+    the measuring machine ends up in the results)."""
+    home = os.path.expanduser("~") + os.sep
+    return "python " + " ".join("~/" + shlex.quote(a[len(home):]) if a.startswith(home) else shlex.quote(a)
+                                for a in sys.argv)
 
 
 def save_markdown(stem: str, header: str, table: str) -> str:

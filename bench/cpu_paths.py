@@ -1,6 +1,7 @@
 """The fastest CPU path for a real-model study: the same GGUF model and the same solve requests through
 (a) a llama.cpp server behind ``OpenAICompatibleBackend`` and (b) ``TransformersBackend`` (float32,
-bfloat16), measured in one run: completion tokens per second and seconds per request.
+bfloat16), measured in one run: completion tokens per second and seconds per request; then the same paths
+through the env (``--episodes`` debate episodes of 3 agents in one batch, env and evaluation loop included).
 
     python bench/cpu_paths.py --gguf '~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf'
 
@@ -20,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from _results import save_markdown
+from _results import Counting, save_markdown
 
 from deliberation_env.backends.base import Backend, Request
 from deliberation_env.backends.llama_server import llama_server
@@ -52,6 +53,33 @@ def time_path(name: str, backend: Backend, load_seconds: float, task: Arithmetic
     return result
 
 
+def time_env(name: str, backend: Backend, args: argparse.Namespace) -> dict:
+    """``--episodes`` debate episodes (3 agents, 1 round: solve, critic, refine, critic) through the meta-action env,
+    all in one batch (``baselines.evaluate``): completion tokens per second of the whole loop, env included."""
+    import deliberation_env
+    from baselines.evaluate import evaluate_entries
+    from baselines.protocols import make_protocol
+
+    counted = Counting(backend)
+
+    def make_env():
+        # critic_text: the critics state their confidence in words (the server runs without log-probabilities)
+        return deliberation_env.parallel_env(task="arithmetic", backend=counted, num_agents=3, max_rounds=1,
+                                             confidence="critic_text",
+                                             max_tokens=args.max_tokens, task_kwargs={"levels": tuple(args.levels),
+                                                                                      "prompt": args.prompt})
+
+    began = time.perf_counter()
+    row = evaluate_entries([(name, lambda: make_protocol("debate"), make_env)], args.episodes, [args.seed],
+                           batch_size=args.episodes)[0]
+    seconds = time.perf_counter() - began
+    result = {"path": name, "seconds": seconds, "requests": counted.requests, "tokens": counted.completion_tokens,
+              "tok_s": counted.completion_tokens / seconds, "accuracy": row["accuracy"]}
+    print(f"  {name} through the env: {counted.completion_tokens} tokens in {seconds:.1f} s = "
+          f"{result['tok_s']:.1f} tok/s", flush=True)
+    return result
+
+
 def measure_llama(args: argparse.Namespace, task, problems, requests) -> dict:
     from deliberation_env.backends.openai import OpenAICompatibleBackend
 
@@ -60,7 +88,8 @@ def measure_llama(args: argparse.Namespace, task, problems, requests) -> dict:
         load = time.perf_counter() - began
         backend = OpenAICompatibleBackend(url, model=Path(args.gguf).stem, timeout=900.0, concurrency=len(requests))
         try:
-            return time_path("llama.cpp server + OpenAICompatibleBackend", backend, load, task, problems, requests)
+            name = "llama.cpp server + OpenAICompatibleBackend"
+            return {**time_path(name, backend, load, task, problems, requests), "env": time_env(name, backend, args)}
         finally:
             backend.close()
 
@@ -72,8 +101,8 @@ def measure_transformers(args: argparse.Namespace, dtype: str, task, problems, r
     backend = TransformersBackend(str(Path(args.gguf).expanduser()), dtype=dtype, batch_size=args.batch_size,
                                   num_threads=args.threads, converted_cache_dir=args.converted_cache_dir)
     load = time.perf_counter() - began
-    return time_path(f"TransformersBackend {dtype}, batches of {args.batch_size}", backend, load, task, problems,
-                     requests)
+    name = f"TransformersBackend {dtype}, batches of {args.batch_size}"
+    return {**time_path(name, backend, load, task, problems, requests), "env": time_env(name, backend, args)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -85,8 +114,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--levels", nargs="+", type=int, default=[0, 1, 2], help="arithmetic levels of the problems")
     parser.add_argument("--prompt", default="no_code", help="arithmetic prompt style")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp server threads and torch threads")
-    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="TransformersBackend dtypes")
+    parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"],
+                        help="TransformersBackend dtypes (bfloat16 is fast only on CPUs with AVX512-BF16 or AMX)")
     parser.add_argument("--batch-size", type=int, default=16, help="TransformersBackend batch size")
+    parser.add_argument("--episodes", type=int, default=8, help="debate episodes through the env per path")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--converted-cache-dir", default=os.path.join(tempfile.gettempdir(), "deliberation_env_converted"))
     parser.add_argument("--out", default="cpu_paths", help="results file stem under bench/results/")
@@ -112,6 +143,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         rows.append(f"| {r['path']} | {r['load']:.1f} | {r['seconds']:.1f} | {r['tokens']} | {r['tok_s']:.1f} | "
                     f"{r['s_request']:.2f} | {r['tok_s'] / base['tok_s']:.2f}x | {r['correct']}/{len(requests)} |")
+    rows += ["", f"Through the env: {args.episodes} debate episodes (3 agents, 1 round) in one batch, the same seeds on "
+             "every path:", "",
+             "| path | seconds | requests | completion tokens | tok/s | tok/s vs llama.cpp | team accuracy |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" not in r:
+            env = r["env"]
+            rows.append(f"| {r['path']} | {env['seconds']:.1f} | {env['requests']} | {env['tokens']} | "
+                        f"{env['tok_s']:.1f} | {env['tok_s'] / base['env']['tok_s']:.2f}x | {env['accuracy']:.2f} |")
     fastest = max((r for r in results if "error" not in r), key=lambda r: r["tok_s"])
     header = (f"CPU paths for {Path(args.gguf).name}: the same {len(requests)} arithmetic solve requests (levels "
               f"{args.levels}, prompt {args.prompt}, max_tokens {args.max_tokens}, temperature {args.temperature}, "
