@@ -2,13 +2,18 @@
 from the same untrained team, on the same problems, seeds and number of updates, evaluated on the same held-out
 test problems before and after (Wilson 95% intervals).
 
-Arms (``--arms``, any subset, in this order):
+Arms (``--arms``, any subset, in this order; default: the first three):
 
 | arm          | credit of a completion                   | advantage groups                  | rewards (weights)         |
 |--------------|------------------------------------------|-----------------------------------|---------------------------|
 | magrpo       | the rollout's team return (shared)       | per (problem, agent, turn)        | team 1, format 0.1        |
 | grpo-indep   | its agent's own return (independent)     | per (problem, agent, turn), / std | correct 1, format 0.1     |
 | magrpo-pool  | the rollout's team return (shared)       | per (problem, turn), team pooled  | team 1, format 0.1        |
+| grpo-indep-pool | its agent's own return                | per (problem, turn), team pooled, / std | correct 1, format 0.1 |
+
+With team credit in the aligned mode, pooling changes nothing: every agent has one completion per rollout and
+turn, and all of them carry the rollout's team return, so a pooled group has the same mean (and std) as each
+agent's group (magrpo-pool reproduces magrpo exactly). Pooling matters with own-return credit.
 
 ``team`` is 1 when the team's final consensus is right; ``correct`` is 1 per turn when the agent's own answer is
 right; ``format`` is 1 per turn when the task's extractor can read an answer (text_rewards, docs/train_llm.md).
@@ -19,6 +24,8 @@ arithmetic level 0, 1 debate round):
     bash ../shared/models/qwen05.sh   # or any copy of the GGUF
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \\
         --updates 25 --eval-problems 100
+    python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+        --updates 25 --eval-problems 100 --arms grpo-indep-pool --no-untrained --stem train_llm_pool
 
 On a GPU (untested here: no GPU was available), a 0.5B-1.5B hub model:
 
@@ -49,6 +56,8 @@ ARMS = {
     "grpo-indep": {"algo": "grpo", "credit": "agent", "reward_weights": {"correct": 1.0, "format": 0.1}},
     "magrpo-pool": {"algo": "magrpo", "credit": "team", "pool_agents": True,
                     "reward_weights": {"team": 1.0, "format": 0.1}},
+    "grpo-indep-pool": {"algo": "grpo", "credit": "agent", "pool_agents": True,
+                        "reward_weights": {"correct": 1.0, "format": 0.1}},
 }
 NO_ROUND_TERMS = {"local": 0.0, "global": 0.0}
 """The core's per-round terms are off in every arm, so each arm's reward is exactly its table row."""
@@ -57,7 +66,9 @@ NO_ROUND_TERMS = {"local": 0.0, "global": 0.0}
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=list(ARMS)[:3], choices=list(ARMS))
+    parser.add_argument("--no-untrained", dest="untrained", action="store_false",
+                        help="skip evaluating the untrained team (when an earlier run of the same settings did)")
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--problems-per-update", type=int, default=2)
@@ -120,7 +131,7 @@ def main() -> None:
         start = time.time()
         team = train(cfg)
         seconds = time.time() - start
-        if not rows:  # the untrained team: LoRA adapters start as the identity, so every arm starts here
+        if args.untrained and not rows:  # the untrained team: LoRA adapters start as the identity, so every arm starts here
             row = evaluate_team("untrained", [_Untrained(team)] * cfg.agents, cfg)
             rows.append(row)
         del team

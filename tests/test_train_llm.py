@@ -202,3 +202,16 @@ def test_cli_stops_when_the_time_budget_is_spent(converted, tmp_path, monkeypatc
     metrics = json.loads(rows[0])
     assert metrics["rollout_seconds"] > 0 and metrics["update_seconds"] > 0 and metrics["rollout_tok_s"] > 0
     assert (tmp_path / "run" / "checkpoint" / "team.json").is_file()
+
+
+def test_pooling_over_the_team_changes_nothing_with_team_credit_but_does_with_own_credit():
+    from baselines.train_llm import Sample
+
+    rng = np.random.default_rng(0)
+    records = [{"rewards": rng.normal(size=2)} for _ in range(4)]  # 4 aligned rollouts of a 2-agent team
+    samples = [Sample(agent, (0, 0, "solve"), rollout, [], [], 1.0) for rollout in range(4) for agent in (0, 1)]
+    for algo in ("magrpo", "grpo", "softrankpo"):
+        team = replace(CONFIG, algo=algo, credit="team")
+        assert np.allclose(advantages(samples, records, team), advantages(samples, records, replace(team, pool_agents=True)))
+        own = replace(team, credit="agent")
+        assert not np.allclose(advantages(samples, records, own), advantages(samples, records, replace(own, pool_agents=True)))
