@@ -52,19 +52,6 @@ def resolve_model(model: str) -> str:
     return model
 
 
-class AgentSampler:
-    """One agent's generator behind the ``Backend`` protocol (shared or separate weights)."""
-
-    def __init__(self, backend: Any):
-        self.backend = backend
-
-    def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        return self.backend.generate(requests)
-
-    def identity(self) -> str:
-        return self.backend.identity()
-
-
 class AdapterSampler:
     """Every agent's generator on one base with a LoRA adapter per agent: each request runs under its agent's
     adapter, and the agents' requests share batches (one ``generate`` call answers the whole team)."""
@@ -122,10 +109,8 @@ class TeamPolicy:
             first.model = peft_model
         elif reference:
             self.references = [copy.deepcopy(b.model).requires_grad_(False).eval() for b in self.distinct_backends]
-        if weights == "lora":
-            self.samplers: list[Any] = [AdapterSampler(first)] * num_agents
-        else:
-            self.samplers = [AgentSampler(b) for b in self.backends]
+        # what generates for each agent (the Backend protocol): its model, or with adapters one sampler for all
+        self.samplers: list[Any] = [AdapterSampler(first)] * num_agents if weights == "lora" else list(self.backends)
         for group in self.parameter_groups():
             for parameter in group:
                 parameter.requires_grad_(True)

@@ -325,9 +325,7 @@ class Deliberation:
 
     def action_masks(self) -> np.ndarray:
         """Every agent's ``action_mask`` as the rows of one fresh (N, 3) int8 array."""
-        self.concede_target(0)
-        targets = self._derived["targets"]
-        return np.array([[1, 1, 0 if target is None else 1] for target in targets], dtype=np.int8)  # type: ignore[union-attr]
+        return np.array([[1, 1, self.concede_target(i) is not None] for i in range(len(self.agents))], dtype=np.int8)
 
     def oracle_action(self, agent: int) -> Action:
         """The oracle label of METHOD.md: PERSIST if correct, CONCEDE if the target is correct, else REFINE."""
