@@ -1,5 +1,6 @@
 """Generated tokens/s of SmolLM2 on the transformers backend: (a) one request at a time,
-(b) batched within each env, (c) batched across envs; plus cache replay generations/s."""
+(b) batched within each env, (c) batched across envs, and (c) again with every row prefilling its own prompt
+(``share_prefill=False``: what sharing the agents' common solve prompt saves); plus cache replay generations/s."""
 
 from __future__ import annotations
 
@@ -59,9 +60,13 @@ def main() -> None:
     a = run(OneAtATime(backend), args.episodes, args, across=False)
     b = run(backend, args.episodes, args, across=False)
     c = run(backend, args.episodes, args, across=True)
+    backend.share_prefill = False
+    c_unshared = run(backend, args.episodes, args, across=True)
+    backend.share_prefill = True
     print(f"(a) one request at a time: {a:8.1f} tok/s")
     print(f"(b) batched within env:    {b:8.1f} tok/s  ({b / a:.2f}x a)")
     print(f"(c) batched across envs:   {c:8.1f} tok/s  ({c / a:.2f}x a)")
+    print(f"(c) without shared prefill: {c_unshared:7.1f} tok/s  ({c_unshared / a:.2f}x a)")
     with tempfile.TemporaryDirectory() as tmp:
         cache = CachedBackend(backend, tmp + "/bench.sqlite")
         envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, max_rounds=args.rounds,

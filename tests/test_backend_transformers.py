@@ -98,3 +98,33 @@ def test_output_projection_gets_contiguous_rows(smol):
     finally:
         handle.remove()
     assert seen == [True] and torch.equal(logits, expected)
+
+
+def test_rows_with_one_prompt_share_its_prefill(smol):
+    # the agents' solve requests of an episode (or a GRPO group) carry one prompt: it is prefilled once and its cache
+    # copied to every row, which decodes as if it had prefilled on its own, up to float rounding (another split of the
+    # same matmuls), so greedy rows and log-probabilities agree while a sampled near-tie may flip, as with any rebatching
+    requests = [_request(seed, question, temperature=temperature) for question in ("What is 17 + 25?", "What is 9 * 8?")
+                for seed in range(2) for temperature in (0.0, 0.9)]  # one batch of 8
+    requests[1] = _request(1, "What is 17 + 25?", logprobs=True, temperature=0.0)
+    batch_sizes = []
+    handle = smol.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _module, args: batch_sizes.append(tuple(args[0].shape)))
+    try:
+        smol.share_prefill = False
+        separate = smol.generate(requests)
+        separate_calls, batch_sizes[:] = list(batch_sizes), []
+        smol.share_prefill = True
+        saved = smol.prefill_rows_saved
+        shared = smol.generate(requests)
+    finally:
+        handle.remove()
+    width = separate_calls[0][1]
+    assert separate_calls[0] == (8, width)  # every row prefilled its own prompt
+    assert batch_sizes[0] == (2, width - 1) and batch_sizes[1] == (8, 1)  # two distinct prompts, then a token per row
+    assert smol.prefill_rows_saved == saved + 6
+    greedy = [row for row, request in enumerate(requests) if request.temperature == 0.0]
+    assert [shared[row].text for row in greedy] == [separate[row].text for row in greedy]
+    assert shared[1].top_logprobs.keys() == separate[1].top_logprobs.keys()
+    assert shared[1].top_logprobs == pytest.approx(separate[1].top_logprobs, rel=0.05, abs=0.05)  # bfloat16 steps
+    assert shared[5].text != shared[7].text  # copies of one prompt's cache still sample by their own seeds

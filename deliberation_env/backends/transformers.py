@@ -1,7 +1,9 @@
 """A local Hugging Face ``transformers`` backend: any model directory or GGUF file.
 
 Batched generation with left padding: requests are grouped by ``max_tokens``, sorted by
-prompt length and cut into batches of ``batch_size``. Each request keeps its own sampling
+prompt length and cut into batches of ``batch_size``. Rows of a batch with the same prompt (and adapter) share
+one prefill: the N agents' solve requests of an episode, or a GRPO group's G samples of one prompt, pay for their
+prompt once and decode from copies of its cache (``share_prefill``). Each request keeps its own sampling
 settings and its own random stream: the sampling is a per-row Gumbel-max draw
 (``argmax(logits / T + Gumbel noise)``, after a per-row top-p cut) whose noise comes from a
 ``torch.Generator`` seeded with that request's seed, so a row's draws do not depend on which
@@ -21,6 +23,7 @@ name, size, modification time and the dtype, and later loads read them in well u
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -112,6 +115,7 @@ class TransformersBackend:
         top_logprobs: int = 20,
         num_threads: int | None = None,
         trust_remote_code: bool = False,
+        share_prefill: bool = True,
     ):
         """``model``: a local model directory (or hub id), a ``.gguf`` file path, or a PEFT adapter folder
         (``adapter_config.json``; its base, a path relative to the folder or a hub id, is loaded and the adapter
@@ -120,7 +124,8 @@ class TransformersBackend:
         ``gguf_file``: a GGUF file name inside ``model`` (or a full path). ``dtype``: bfloat16
         (fastest on most CPUs), float16, float32 or auto. ``converted_cache_dir``: where to keep
         the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
-        first-token log-probabilities critic requests return.
+        first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt that several
+        rows of a batch share only once (see the module docstring; False gives every row its own prefill).
         """
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -133,6 +138,7 @@ class TransformersBackend:
         self.batch_size, self.top_logprobs = batch_size, top_logprobs
         self.converted_cache_dir = Path(converted_cache_dir).expanduser() if converted_cache_dir else None
         self.trust_remote_code = trust_remote_code
+        self.share_prefill = share_prefill
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.loaded_from = ""
@@ -143,6 +149,7 @@ class TransformersBackend:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generate_calls = 0
         self.batches = 0
+        self.prefill_rows_saved = 0
 
     # ------------------------------------------------------------------ loading
     def _load(self):
@@ -298,12 +305,16 @@ class TransformersBackend:
             return_dict_in_generate=True,
             output_logits=want_logprobs,
         )
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        adapters = {"adapter_names": list(adapter_names)} if adapter_names is not None else {}
+        cache = self._shared_prefill(input_ids, attention, prompts, adapter_names) if self.share_prefill else None
         output = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention,
             generation_config=config,
             logits_processor=LogitsProcessorList([sampler]),
-            **({"adapter_names": list(adapter_names)} if adapter_names is not None else {}),
+            **({"past_key_values": cache} if cache is not None else {}),
+            **adapters,
         )
         generated = output.sequences[:, width:].tolist()
         first_logits = output.logits[0].float() if want_logprobs and output.logits else None
@@ -322,6 +333,33 @@ class TransformersBackend:
                 )
             )
         return completions
+
+    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, prompts: Sequence[list[int]],
+                        adapter_names: Sequence[str] | None):
+        """The KV cache of every row's prompt but its last token, computed once per distinct (prompt, adapter) and
+        copied to the rows that share it; None when no two rows share one (then ``generate`` prefills as usual)."""
+        keys = [(tuple(p), adapter_names[row] if adapter_names is not None else None) for row, p in enumerate(prompts)]
+        first_row: dict[tuple, int] = {}
+        for row, key in enumerate(keys):
+            first_row.setdefault(key, row)
+        if len(first_row) == len(keys) or input_ids.shape[1] < 2:
+            return None
+        from transformers import DynamicCache
+
+        distinct = list(first_row.values())
+        slot = {key: index for index, key in enumerate(first_row)}
+        mask = attention[distinct, :-1]
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate derives them under left padding
+        cache = DynamicCache(config=self.model.config)
+        extra = {"adapter_names": [adapter_names[row] for row in distinct]} if adapter_names is not None else {}
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
+        if "logits_to_keep" in inspect.signature(base.forward).parameters:
+            extra["logits_to_keep"] = 1  # only the cache is wanted; skip the vocabulary projection of the prefix
+        self.model(input_ids=input_ids[distinct, :-1], attention_mask=mask, position_ids=positions,
+                   past_key_values=cache, use_cache=True, **extra)
+        cache.batch_select_indices(torch.tensor([slot[key] for key in keys], device=input_ids.device))
+        self.prefill_rows_saved += len(keys) - len(distinct)
+        return cache
 
     def _token_logprobs(self, tokens: list[int], logprobs: list[float]) -> tuple[tuple[str, float], ...]:
         """(text, log-probability) per kept token; decoded one by one, so their texts concatenate to the text."""
