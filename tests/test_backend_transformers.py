@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import deliberation_env
@@ -115,16 +117,57 @@ def test_rows_with_one_prompt_share_its_prefill(smol):
         separate = smol.generate(requests)
         separate_calls, batch_sizes[:] = list(batch_sizes), []
         smol.share_prefill = True
-        saved = smol.prefill_rows_saved
+        reused = smol.prefix_tokens_reused
         shared = smol.generate(requests)
     finally:
         handle.remove()
     width = separate_calls[0][1]
     assert separate_calls[0] == (8, width)  # every row prefilled its own prompt
     assert batch_sizes[0] == (2, width - 1) and batch_sizes[1] == (8, 1)  # two distinct prompts, then a token per row
-    assert smol.prefill_rows_saved == saved + 6
+    prompt_lengths = sorted({len(smol.encode(request)) for request in requests})
+    assert smol.prefix_tokens_reused == reused + 3 * sum(n - 1 for n in prompt_lengths)  # 3 copies of each prompt
     greedy = [row for row, request in enumerate(requests) if request.temperature == 0.0]
     assert [shared[row].text for row in greedy] == [separate[row].text for row in greedy]
     assert shared[1].top_logprobs.keys() == separate[1].top_logprobs.keys()
     assert shared[1].top_logprobs == pytest.approx(separate[1].top_logprobs, rel=0.05, abs=0.05)  # bfloat16 steps
     assert shared[5].text != shared[7].text  # copies of one prompt's cache still sample by their own seeds
+
+
+@pytest.fixture(scope="module")
+def smol32():
+    from deliberation_env.backends.models import smollm2_gguf_path
+    from deliberation_env.backends.transformers import TransformersBackend
+
+    return TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=8)  # float32: differences are rounding
+
+
+def test_rows_with_a_common_start_share_its_prefill(smol32):
+    # the agents' critic prompts of an episode: one problem, each agent's own solution after it (and one twice)
+    question = "A farmer has 17 cows and buys 25 more, then sells 9. How many cows does the farmer have now?"
+    requests = [Request((Message("system", "You are a careful math assistant."),
+                         Message("user", f"Problem: {question}\n\nProposed solution: {answer}\n\nIs it correct?")),
+                        "critic", agent, 7, max_tokens=8, temperature=0.0, logprobs=True)
+                for agent, answer in enumerate(["33", "The farmer has 42 - 9 = 33 cows.", "51", "51"])]
+    smol32.share_prefill = False
+    separate = smol32.generate(requests)
+    smol32.share_prefill = True
+    shared = smol32.generate(requests)
+    prompts = [smol32.encode(request) for request in requests]
+    common = len(os.path.commonprefix(prompts))
+    assert smol32.prefix_tokens_reused == 3 * common  # the problem's prefix computed once for four rows
+    assert [c.text for c in shared] == [c.text for c in separate]
+    assert [c.prompt_tokens for c in shared] == [len(p) for p in prompts]
+    for alone, together in zip(separate, shared):
+        assert together.top_logprobs == pytest.approx(alone.top_logprobs, abs=1e-4)
+
+
+def test_shared_prefix_layout_keeps_each_rows_prompt_in_order(smol):
+    from deliberation_env.backends.shared_prefix import plan_shared_prefixes
+
+    prompts = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 11], [5, 6, 7, 8, 9, 10], [30, 31, 32], [30, 31, 33, 34, 35, 36]]
+    plan = plan_shared_prefixes(prompts, min_saving=0.0)
+    input_ids, attention = smol._layout(prompts, plan)
+    assert input_ids.shape[1] == plan.width < 2 * max(map(len, prompts))
+    for row, prompt in enumerate(prompts):
+        assert input_ids[row][attention[row].bool()].tolist() == prompt
+        assert attention[row, : plan.prefix_width].sum() == plan.prefix_lengths[row]

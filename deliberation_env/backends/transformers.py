@@ -1,9 +1,10 @@
 """A local Hugging Face ``transformers`` backend: any model directory or GGUF file.
 
 Batched generation with left padding: requests are grouped by ``max_tokens``, sorted by
-prompt length and cut into batches of ``batch_size``. Rows of a batch with the same prompt (and adapter) share
-one prefill: the N agents' solve requests of an episode, or a GRPO group's G samples of one prompt, pay for their
-prompt once and decode from copies of its cache (``share_prefill``). Each request keeps its own sampling
+prompt length and cut into batches of ``batch_size``. Rows of a batch whose prompts start alike (and use one
+adapter) share the prefill of that prefix: the N agents' prompts of an episode share the chat template and the
+problem, a GRPO group's G samples share the whole prompt, and each is computed once, its KV cache copied to the
+rows (``share_prefill``; the layout is in ``shared_prefix``). Each request keeps its own sampling
 settings and its own random stream: the sampling is a per-row Gumbel-max draw
 (``argmax(logits / T + Gumbel noise)``, after a per-row top-p cut) whose noise comes from a
 ``torch.Generator`` seeded with that request's seed, so a row's draws do not depend on which
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 from deliberation_env.backends.base import Completion, Request
+from deliberation_env.backends.shared_prefix import PrefixPlan, plan_shared_prefixes
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ class TransformersBackend:
         ``gguf_file``: a GGUF file name inside ``model`` (or a full path). ``dtype``: bfloat16
         (fastest on most CPUs), float16, float32 or auto. ``converted_cache_dir``: where to keep
         the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
-        first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt that several
+        first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt prefix that several
         rows of a batch share only once (see the module docstring; False gives every row its own prefill).
         """
         if dtype not in DTYPES:
@@ -149,7 +151,7 @@ class TransformersBackend:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generate_calls = 0
         self.batches = 0
-        self.prefill_rows_saved = 0
+        self.prefix_tokens_reused = 0  # prompt tokens taken from another row's prefill instead of computed
 
     # ------------------------------------------------------------------ loading
     def _load(self):
@@ -288,12 +290,9 @@ class TransformersBackend:
         from transformers import GenerationConfig, LogitsProcessorList
 
         self.batches += 1
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt) :] = 1
+        plan = plan_shared_prefixes(prompts, adapter_names) if self.share_prefill else None
+        input_ids, attention = self._layout(prompts, plan)
+        width = input_ids.shape[1]
         want_logprobs = any(r.logprobs for r in requests)
         sampler = _SeededSampler(requests, self.device, record_logprobs=any(r.token_logprobs for r in requests))
         config = GenerationConfig(
@@ -305,9 +304,8 @@ class TransformersBackend:
             return_dict_in_generate=True,
             output_logits=want_logprobs,
         )
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         adapters = {"adapter_names": list(adapter_names)} if adapter_names is not None else {}
-        cache = self._shared_prefill(input_ids, attention, prompts, adapter_names) if self.share_prefill else None
+        cache = self._prefill_shared(input_ids, attention, plan, adapter_names) if plan is not None else None
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -334,31 +332,41 @@ class TransformersBackend:
             )
         return completions
 
-    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, prompts: Sequence[list[int]],
+    def _layout(self, prompts: Sequence[list[int]], plan: PrefixPlan | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask of the batch: one left-padded block, or the plan's two blocks (shared
+        prefix, own tail; see ``shared_prefix``)."""
+        prefix_width = plan.prefix_width if plan is not None else 0
+        width = plan.width if plan is not None else max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            shared = plan.prefix_lengths[row] if plan is not None else 0
+            if shared:
+                input_ids[row, prefix_width - shared : prefix_width] = torch.tensor(prompt[:shared], dtype=torch.long)
+                attention[row, prefix_width - shared : prefix_width] = 1
+            input_ids[row, width - len(prompt) + shared :] = torch.tensor(prompt[shared:], dtype=torch.long)
+            attention[row, width - len(prompt) + shared :] = 1
+        return input_ids.to(self.device), attention.to(self.device)
+
+    def _prefill_shared(self, input_ids: torch.Tensor, attention: torch.Tensor, plan: PrefixPlan,
                         adapter_names: Sequence[str] | None):
-        """The KV cache of every row's prompt but its last token, computed once per distinct (prompt, adapter) and
-        copied to the rows that share it; None when no two rows share one (then ``generate`` prefills as usual)."""
-        keys = [(tuple(p), adapter_names[row] if adapter_names is not None else None) for row, p in enumerate(prompts)]
-        first_row: dict[tuple, int] = {}
-        for row, key in enumerate(keys):
-            first_row.setdefault(key, row)
-        if len(first_row) == len(keys) or input_ids.shape[1] < 2:
-            return None
+        """The KV cache of the prefix block: each shared prefix prefilled once, on its group's representative row,
+        and copied to the group's rows (rows outside every group get a copy too, masked out)."""
         from transformers import DynamicCache
 
-        distinct = list(first_row.values())
-        slot = {key: index for index, key in enumerate(first_row)}
-        mask = attention[distinct, :-1]
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate derives them under left padding
+        rows, columns = list(plan.representatives), plan.prefix_width
+        mask = attention[rows, :columns]
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate derives them under padding
         cache = DynamicCache(config=self.model.config)
-        extra = {"adapter_names": [adapter_names[row] for row in distinct]} if adapter_names is not None else {}
+        extra: dict[str, Any] = {"adapter_names": [adapter_names[r] for r in rows]} if adapter_names is not None else {}
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
         if "logits_to_keep" in inspect.signature(base.forward).parameters:
             extra["logits_to_keep"] = 1  # only the cache is wanted; skip the vocabulary projection of the prefix
-        self.model(input_ids=input_ids[distinct, :-1], attention_mask=mask, position_ids=positions,
+        self.model(input_ids=input_ids[rows, :columns], attention_mask=mask, position_ids=positions,
                    past_key_values=cache, use_cache=True, **extra)
-        cache.batch_select_indices(torch.tensor([slot[key] for key in keys], device=input_ids.device))
-        self.prefill_rows_saved += len(keys) - len(distinct)
+        slots = [group if group is not None else 0 for group in plan.groups]
+        cache.batch_select_indices(torch.tensor(slots, device=input_ids.device))
+        self.prefix_tokens_reused += sum(plan.prefix_lengths) - sum(plan.prefix_lengths[r] for r in rows)
         return cache
 
     def _token_logprobs(self, tokens: list[int], logprobs: list[float]) -> tuple[tuple[str, float], ...]:
