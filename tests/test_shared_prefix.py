@@ -33,8 +33,11 @@ def test_adapters_never_share_and_unrelated_prompts_get_no_plan():
     assert plan_shared_prefixes([[1, 2] + [3] * 30, [1, 2] + [4] * 30]) is None
 
 
-def test_a_row_without_partners_keeps_its_whole_prompt_in_the_tail():
-    prompts = [[1] * 30 + [2], [1] * 30 + [3], [7, 7, 7]]
+def test_a_lone_row_splits_its_prompt_instead_of_widening_every_tail():
+    prompts = [[1] * 30 + [2], [1] * 30 + [3], [7, 7, 7], [9] * 40]
     plan = plan_shared_prefixes(prompts)
-    assert plan.groups[2] is None and plan.prefix_lengths[2] == 0
-    assert plan.prefix_lengths[:2] == (30, 30) and plan.tail_width == 3
+    assert plan.prefix_lengths[:2] == (30, 30) and plan.tail_width == 3  # the pair's tails
+    assert plan.groups[2] is None and plan.prefix_lengths[2] == 0  # fits in the tail block whole
+    assert plan.prefix_lengths[3] == 37 and plan.groups[3] not in (None, plan.groups[0])  # its own first 37 tokens
+    assert len(plan.representatives) == 2 and plan.prefix_width == 37
+    assert plan.tokens_prefilled() == 2 * 37 + 4 * 3  # against 4 * 40 in one block

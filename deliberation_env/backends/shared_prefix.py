@@ -8,8 +8,9 @@ prefills only its own tail. The batch is laid out in two column blocks, both lef
     [ pads | shared prefix ][ pads | own tail ]
     <-------- prefix_width --------><------ tail_width ------>
 
-A row outside every group has an empty prefix block and its whole prompt in the tail block. Pads are masked,
-and positions count only the row's real tokens, so each row sees exactly its own prompt.
+A row outside every group is its own group: what of its prompt does not fit in the tail block goes in the
+prefix block. Pads are masked, and positions count only the row's real tokens, so each row sees exactly its own
+prompt.
 
 The plan is chosen by counting padded prefill tokens: rows sorted by (adapter, tokens) are cut into runs whose
 neighbours share at least m tokens, for every candidate m, and the cheapest layout is kept; it is used only when
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PrefixPlan:
-    """Row r's first ``prefix_lengths[r]`` tokens are in group ``groups[r]`` (None: no shared prefix)."""
+    """Row r's first ``prefix_lengths[r]`` tokens are the prefix of group ``groups[r]`` (None: the whole prompt is in
+    the tail block); a group of one row is a lone prompt split in two."""
 
     groups: tuple[int | None, ...]
     prefix_lengths: tuple[int, ...]
@@ -82,10 +84,27 @@ def _runs(prompts: Sequence[Sequence[int]], order: list[int], shared: list[int],
                 groups[row], lengths[row] = len(representatives), common
             representatives.append(order[start])
         start = end
-    return PrefixPlan(
-        groups=tuple(groups),
-        prefix_lengths=tuple(lengths),
-        representatives=tuple(representatives),
-        prefix_width=max(lengths),
-        tail_width=max(len(p) - n for p, n in zip(prompts, lengths)),
-    )
+    return _split_lone_rows(prompts, groups, lengths, representatives)
+
+
+def _split_lone_rows(prompts: Sequence[Sequence[int]], groups: list[int | None], lengths: list[int],
+                     representatives: list[int]) -> PrefixPlan:
+    """Choose the tail width; a row in no group puts what of its prompt does not fit in the tail block in the
+    prefix block (its own prefill, split in two), so that a long lone prompt does not widen every row's tail."""
+    lone = [len(p) for p, group in zip(prompts, groups) if group is None]
+    shortest = max(len(p) - n for p, n in zip(prompts, lengths) if n)
+    widest_prefix = max(lengths)
+    candidates = {shortest} | {n for n in lone if n > shortest} | {n - widest_prefix for n in lone if n - widest_prefix > shortest}
+
+    def cost(tail: int) -> int:
+        split = [n - tail for n in lone if n > tail]
+        return (len(representatives) + len(split)) * max([widest_prefix, *split]) + len(prompts) * tail
+
+    tail_width = min(sorted(candidates), key=cost)
+    groups, lengths, representatives = list(groups), list(lengths), list(representatives)
+    for row, prompt in enumerate(prompts):
+        if groups[row] is None and len(prompt) > tail_width:
+            groups[row], lengths[row] = len(representatives), len(prompt) - tail_width
+            representatives.append(row)
+    return PrefixPlan(groups=tuple(groups), prefix_lengths=tuple(lengths), representatives=tuple(representatives),
+                      prefix_width=max(lengths), tail_width=max(len(p) - n for p, n in zip(prompts, lengths)))
