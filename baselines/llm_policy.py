@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from deliberation_env.backends.base import Completion, Request
+from deliberation_env.backends.transformers import positions_from_mask
 
 WEIGHTS = ("shared", "lora", "separate")
 
@@ -181,7 +182,7 @@ class TeamPolicy:
         device = backend.device
         ids, attention = ids.to(device), attention.to(device)
         inputs = {"input_ids": ids, "attention_mask": attention, "logits_to_keep": longest + 1,
-                  "position_ids": (attention.cumsum(1) - 1).clamp(min=0)}
+                  "position_ids": positions_from_mask(attention)}  # the positions generate gave the samples
         if reference:
             with torch.no_grad():
                 if self.weights == "lora":

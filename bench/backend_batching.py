@@ -1,6 +1,7 @@
 """Generated tokens/s of SmolLM2 on the transformers backend: (a) one request at a time,
 (b) batched within each env, (c) batched across envs, and (c) again with every row prefilling its own prompt
-(``share_prefill=False``: what sharing the agents' common solve prompt saves); plus cache replay generations/s."""
+(``share_prefill=False``: what sharing the prefill of the prompts' common starts saves); plus cache replay
+generations/s."""
 
 from __future__ import annotations
 

@@ -356,7 +356,7 @@ class TransformersBackend:
 
         rows, columns = list(plan.representatives), plan.prefix_width
         mask = attention[rows, :columns]
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate derives them under padding
+        positions = positions_from_mask(mask)
         cache = DynamicCache(config=self.model.config)
         extra: dict[str, Any] = {"adapter_names": [adapter_names[r] for r in rows]} if adapter_names is not None else {}
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
@@ -381,6 +381,12 @@ class TransformersBackend:
             text = self.tokenizer.decode([token_id])
             result[text] = _logaddexp(result[text], value) if text in result else value
         return result
+
+
+def positions_from_mask(attention: torch.Tensor) -> torch.Tensor:
+    """Each token's position among its row's real tokens (pads, wherever they are, get 0), as ``generate`` derives
+    position ids from a padded attention mask."""
+    return (attention.cumsum(-1) - 1).masked_fill(attention == 0, 0)
 
 
 def _contiguous_head_inputs(model: torch.nn.Module) -> None:
