@@ -23,7 +23,7 @@ from _results import Counting, save_markdown
 import deliberation_env
 from deliberation_env.backends.base import Request
 from deliberation_env.backends.models import smollm2_gguf_path
-from deliberation_env.backends.transformers import TransformersBackend
+from deliberation_env.backends.transformers import DTYPES, TransformersBackend
 from deliberation_env.registry import TASKS
 from deliberation_env.vector import run_batched
 
@@ -55,13 +55,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--converted-cache-dir", default=os.path.join(tempfile.gettempdir(), "deliberation_env_converted"))
     parser.add_argument("--out", default="shared_prefill", help="results file stem under bench/results/")
     args = parser.parse_args()
     print("config:", vars(args))
-    backend = TransformersBackend(args.model or smollm2_gguf_path(), dtype=args.dtype, batch_size=args.batch_size,
-                                  converted_cache_dir=args.converted_cache_dir)
+    try:
+        backend = TransformersBackend(args.model or smollm2_gguf_path(), dtype=args.dtype, batch_size=args.batch_size,
+                                      converted_cache_dir=args.converted_cache_dir)
+    except (OSError, ValueError) as error:  # a missing file, a hub id without the network
+        parser.error(f"--model: {error}")
     rows = []
     for name, workload in (("GRPO group rollout", grpo_rollout), ("debate round through the env", debate_round)):
         seconds: dict[bool, list[float]] = {False: [], True: []}
