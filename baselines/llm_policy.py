@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from deliberation_env.backends.base import Completion, Request
-from deliberation_env.backends.transformers import positions_from_mask
+from deliberation_env.backends.decode import positions_from_mask
 
 WEIGHTS = ("shared", "lora", "separate")
 

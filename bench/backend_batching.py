@@ -1,6 +1,7 @@
 """Generated tokens/s of SmolLM2 on the transformers backend: (a) one request at a time,
-(b) batched within each env, (c) batched across envs, and (c) again with every row prefilling its own prompt
-(``share_prefill=False``: what sharing the prefill of the prompts' common starts saves); plus cache replay
+(b) batched within each env, (c) batched across envs; (c) again with every row prefilling its own prompt
+(``share_prefill=False``: what sharing the prefill of the prompts' common starts saves) and with ``transformers``'
+``generate`` decoding every row until the batch's longest ends (``drop_finished=False``); plus cache replay
 generations/s."""
 
 from __future__ import annotations
@@ -63,11 +64,14 @@ def main() -> None:
     c = run(backend, args.episodes, args, across=True)
     backend.share_prefill = False
     c_unshared = run(backend, args.episodes, args, across=True)
-    backend.share_prefill = True
+    backend.share_prefill, backend.drop_finished = True, False
+    c_generate = run(backend, args.episodes, args, across=True)
+    backend.drop_finished = True
     print(f"(a) one request at a time: {a:8.1f} tok/s")
     print(f"(b) batched within env:    {b:8.1f} tok/s  ({b / a:.2f}x a)")
     print(f"(c) batched across envs:   {c:8.1f} tok/s  ({c / a:.2f}x a)")
     print(f"(c) without shared prefill: {c_unshared:7.1f} tok/s  ({c_unshared / a:.2f}x a)")
+    print(f"(c) with generate():        {c_generate:7.1f} tok/s  ({c_generate / a:.2f}x a)")
     with tempfile.TemporaryDirectory() as tmp:
         cache = CachedBackend(backend, tmp + "/bench.sqlite")
         envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, max_rounds=args.rounds,

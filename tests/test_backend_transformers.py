@@ -171,3 +171,56 @@ def test_shared_prefix_layout_keeps_each_rows_prompt_in_order(smol):
     for row, prompt in enumerate(prompts):
         assert input_ids[row][attention[row].bool()].tolist() == prompt
         assert attention[row, : plan.prefix_width].sum() == plan.prefix_lengths[row]
+
+
+def test_finished_rows_leave_the_batch_and_waiting_requests_take_their_place(smol32):
+    # rows end at different steps; with drop_finished they leave the batch and waiting requests are prefilled and join
+    # it, and each row's text, token count and token log-probabilities are those of transformers' generate, which feeds
+    # finished rows pad tokens until the longest row of the batch ends, and only then starts the next batch
+    questions = ["Name a colour.", "What is the capital of France?", "Say yes.", "Count from 1 to 30."]
+    requests = [Request((Message("system", "You are a careful math assistant."), Message("user", question)), "solve",
+                        0, seed, max_tokens=40, temperature=temperature, token_logprobs=True)
+                for question in questions for seed, temperature in ((1, 0.0), (2, 0.9))]
+    shapes = []
+    handle = smol32.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _module, args: shapes.append(tuple(args[0].shape)))
+    smol32.batch_size, smol32.share_prefill = 4, False  # every admission is then one forward pass of its prompts
+    try:
+        smol32.drop_finished = False
+        decoded_before = smol32.decoded_rows
+        reference = smol32.generate(requests)
+        by_generate = smol32.decoded_rows - decoded_before
+        shapes.clear()
+        smol32.drop_finished = True
+        dropped = smol32.generate(requests)
+        by_dropping = smol32.decoded_rows - decoded_before - by_generate
+    finally:
+        handle.remove()
+        smol32.batch_size, smol32.drop_finished, smol32.share_prefill = 8, True, True
+    assert [c.text for c in dropped] == [c.text for c in reference]
+    assert [(c.completion_tokens, c.finish_reason) for c in dropped] == [
+        (c.completion_tokens, c.finish_reason) for c in reference]
+    assert {c.finish_reason for c in reference} == {"stop", "length"}
+    admissions = [k for k in range(1, len(shapes) - 1) if shapes[k][1] > 1]
+    assert any(shapes[k + 1][0] > shapes[k][0] for k in admissions)  # admitted rows decode beside earlier ones
+    assert max(rows for rows, _ in shapes) <= 4
+    assert by_dropping < by_generate
+    for by_generate, by_dropping in zip(reference, dropped):
+        kept = by_dropping.completion_tokens - (by_dropping.finish_reason == "stop")
+        assert len(by_dropping.token_logprobs) == kept  # generate's processor never sees the last token's
+        assert [v for _, v in by_generate.token_logprobs] == pytest.approx(
+            [v for _, v in by_dropping.token_logprobs[: len(by_generate.token_logprobs)]], abs=1e-4)
+
+
+def test_models_without_a_kv_cache_argument_are_decoded_by_generate():
+    from deliberation_env.backends.decode import can_decode
+
+    class Plain(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
+
+    class Cached(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            return input_ids
+
+    assert not can_decode(Plain()) and can_decode(Cached())

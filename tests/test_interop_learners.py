@@ -58,7 +58,8 @@ def assert_beats_random_legal(policy) -> None:
     assert difference.mean() - 3 * standard_error > 0, (learned.mean(), random_legal.mean(), standard_error)
 
 
-def test_sb3_ppo_on_flat_observations_beats_random_legal_play(one_torch_thread):
+def test_sb3_ppo_on_flat_observations_beats_random_legal_play(one_torch_thread, tmp_path, monkeypatch):
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path))  # SB3 otherwise leaves an empty SB3-<time> folder in /tmp per run
     set_random_seed(0)
     # The recipe of docs/interop.md: observation="flat" (a Box; masked actions become PERSIST), SuperSuit, PPO.
     env = deliberation_env.parallel_env(observation="flat")

