@@ -1,7 +1,7 @@
 """A local Hugging Face ``transformers`` backend: any model directory or GGUF file.
 
-Batched generation with left padding: requests are grouped by ``max_tokens``, sorted by
-prompt length and cut into batches of ``batch_size``. Rows of a batch whose prompts start alike (and use one
+Batched generation with left padding: requests are sorted by prompt length and decoded ``batch_size`` rows at a
+time. Rows of a batch whose prompts start alike (and use one
 adapter) share the prefill of that prefix: the N agents' prompts of an episode share the chat template and the
 problem, a GRPO group's G samples share the whole prompt, and each is computed once, its KV cache copied to the
 rows (``share_prefill``; the layout is in ``shared_prefix``). Each request keeps its own sampling
@@ -9,7 +9,8 @@ settings and its own random stream: the sampling is a per-row Gumbel-max draw
 (``argmax(logits / T + Gumbel noise)``, after a per-row top-p cut) whose noise comes from a
 ``torch.Generator`` seeded with that request's seed, so a row's draws do not depend on which
 other requests share its batch. Temperature 0 is greedy decoding. A row leaves the batch (and its KV cache) once it
-has ended, instead of being fed pad tokens until the longest row ends (``drop_finished``; the loop is in ``decode``).
+has ended, and waiting requests take its place, instead of rows being fed pad tokens until the batch's longest row
+ends (``drop_finished``; the loop is in ``decode``).
 
 Reproducibility: the same requests in the same batches give the same text, token for token,
 so a seeded episode (or a seeded set of batched episodes) replays exactly. Putting a request in
@@ -77,8 +78,9 @@ class TransformersBackend:
         the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
         first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt prefix that several
         rows of a batch share only once (see the module docstring; False gives every row its own prefill).
-        ``drop_finished``: decode with ``decode.decode``, which takes a row out of the batch once it has ended (False,
-        or a model whose forward takes no KV cache or position ids, uses ``transformers``' ``generate``).
+        ``drop_finished``: decode with ``decode.decode``, which takes a row out of the batch once it has ended and lets
+        waiting requests in (False, or a model whose forward takes no KV cache or position ids, uses ``transformers``'
+        ``generate`` on batches of one ``max_tokens``).
         """
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -103,7 +105,7 @@ class TransformersBackend:
         self.generate_calls = 0
         self.batches = 0
         self.prefix_tokens_reused = 0  # prompt tokens taken from another row's prefill instead of computed
-        self.decoded_rows = 0  # rows decoded, summed over decode steps (finished rows left in a batch count)
+        self.decoded_rows = 0  # rows decoded, summed over forward passes (generate's finished rows count): the work
 
     # ------------------------------------------------------------------ loading
     def _load(self):
