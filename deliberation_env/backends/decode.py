@@ -110,6 +110,12 @@ def positions_from_mask(attention: torch.Tensor) -> torch.Tensor:
     return (attention.cumsum(-1) - 1).masked_fill(attention == 0, 0)
 
 
+def first_token_top(logits: torch.Tensor, count: int) -> tuple[list[float], list[int]]:
+    """The ``count`` most likely tokens of one row of logits: (log-probabilities, token ids), most likely first."""
+    values, ids = torch.topk(torch.log_softmax(logits.float(), dim=-1), min(count, logits.shape[-1]))
+    return values.tolist(), ids.tolist()
+
+
 def forward_parameters(model: torch.nn.Module) -> frozenset[str]:
     """The keyword names the model's ``forward`` takes (a peft wrapper's base model's)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -128,8 +134,9 @@ class Decoded:
 
     tokens: list[list[int]]
     """Each request's generated tokens, up to and including its end-of-sequence token."""
-    first_logits: dict[int, torch.Tensor] = field(default_factory=dict)
-    """The first step's logits (float32) of the requests that asked for them."""
+    first_top: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
+    """The most likely first tokens of the requests that asked for them (``first_token_top``); not the whole
+    vocabulary's logits, which would hold about 600 kB per request for a 150k-token vocabulary until the call ends."""
     row_steps: int = 0
     """Rows decoded, summed over forward passes (a prompt's prefill counts one): the decoding work."""
 
@@ -186,11 +193,12 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 @torch.inference_mode()
 def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int], eos_ids: Sequence[int],
            order: Sequence[int], start_rows: StartRows, batch_size: int, adapter_names: Sequence[str] | None = None,
-           want_first_logits: Sequence[bool] = ()) -> Decoded:
+           want_first_top: Sequence[bool] = (), top_count: int = 20) -> Decoded:
     """Generate for every request, at most ``batch_size`` rows at a time, admitting them in ``order``.
 
     ``limits``: each request's ``max_tokens``. ``start_rows``: lays out the prompts of the requests admitted together.
-    ``adapter_names``: each request's LoRA adapter (peft mixed batches). ``want_first_logits``: per request.
+    ``adapter_names``: each request's LoRA adapter (peft mixed batches). ``want_first_top``: per request, whether to
+    keep its ``top_count`` most likely first tokens.
     """
     from transformers import DynamicCache
 
@@ -223,8 +231,8 @@ def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int]
         cached, positions = cache.get_seq_length(), positions_from_mask(attention)
         logits = forward(requests, input_ids[:, cached:], attention, positions[:, cached:], cache)
         for k, request in enumerate(requests):
-            if request < len(want_first_logits) and want_first_logits[request]:
-                result.first_logits[request] = logits[k].float().clone()
+            if request < len(want_first_top) and want_first_top[request]:
+                result.first_top[request] = first_token_top(logits[k], top_count)
         chosen, going_on = sample(requests, logits)
         new = _Rows(requests, cache, attention, positions[:, -1:] + 1, chosen[:, None])
         if len(going_on) < len(requests):

@@ -39,7 +39,14 @@ from typing import Any
 import torch
 
 from deliberation_env.backends.base import Completion, Request
-from deliberation_env.backends.decode import SeededSampler, can_decode, decode, forward_parameters, positions_from_mask
+from deliberation_env.backends.decode import (
+    SeededSampler,
+    can_decode,
+    decode,
+    first_token_top,
+    forward_parameters,
+    positions_from_mask,
+)
 from deliberation_env.backends.shared_prefix import PrefixPlan, plan_shared_prefixes
 
 log = logging.getLogger(__name__)
@@ -217,12 +224,12 @@ class TransformersBackend:
             decoded = decode(self.model, sampler, [r.max_tokens for r in requests], self.eos_ids,
                              sorted(range(len(requests)), key=lambda i: len(prompts[i])),
                              lambda indices: self._start_rows([prompts[i] for i in indices], _pick(adapter_names, indices)),
-                             self.batch_size, adapter_names, [r.logprobs for r in requests])
-            generated, first_logits = decoded.tokens, decoded.first_logits
+                             self.batch_size, adapter_names, [r.logprobs for r in requests], self.top_logprobs)
+            generated, first_top = decoded.tokens, decoded.first_top
             self.decoded_rows += decoded.row_steps
         else:
-            generated, first_logits = self._generate_grouped(requests, prompts, sampler, adapter_names)
-        return [self._completion(request, len(prompt), tokens, first_logits.get(i), sampler.recorded[i])
+            generated, first_top = self._generate_grouped(requests, prompts, sampler, adapter_names)
+        return [self._completion(request, len(prompt), tokens, first_top.get(i), sampler.recorded[i])
                 for i, (request, prompt, tokens) in enumerate(zip(requests, prompts, generated))]
 
     # ------------------------------------------------------------------ internals
@@ -243,27 +250,27 @@ class TransformersBackend:
         cache = self._prefill_shared(input_ids, attention, plan, adapter_names) if plan is not None else None
         return input_ids, attention, cache
 
-    def _completion(self, request: Request, prompt_tokens: int, tokens: list[int], first_logits: torch.Tensor | None,
-                    logprobs: list[float]) -> Completion:
+    def _completion(self, request: Request, prompt_tokens: int, tokens: list[int],
+                    first_top: tuple[list[float], list[int]] | None, logprobs: list[float]) -> Completion:
         stop = next((k for k, token in enumerate(tokens) if token in self.eos_ids), None)
         kept = tokens if stop is None else tokens[:stop]
         return Completion(
             text=self.tokenizer.decode(kept, skip_special_tokens=True),
             prompt_tokens=prompt_tokens,
             completion_tokens=len(tokens) if stop is None else stop + 1,
-            top_logprobs=self._top_logprobs(first_logits) if request.logprobs and first_logits is not None else None,
+            top_logprobs=self._top_logprobs(*first_top) if request.logprobs and first_top is not None else None,
             finish_reason="length" if stop is None else "stop",
             token_logprobs=self._token_logprobs(kept, logprobs) if request.token_logprobs else None,
         )
 
     @torch.inference_mode()
     def _generate_grouped(self, requests: Sequence[Request], prompts: Sequence[list[int]], sampler: SeededSampler,
-                          adapter_names: Sequence[str] | None) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+                          adapter_names: Sequence[str] | None) -> tuple[list[list[int]], dict[int, Any]]:
         """``drop_finished=False``: ``transformers``' ``generate`` on batches of one ``max_tokens``, sorted by prompt
         length (each request's tokens, and the first-step logits of those that asked for log-probabilities)."""
         order = sorted(range(len(requests)), key=lambda i: (requests[i].max_tokens, len(prompts[i])))
         generated: list[list[int]] = [[] for _ in requests]
-        first_logits: dict[int, torch.Tensor] = {}
+        first_top: dict[int, tuple[list[float], list[int]]] = {}
         start = 0
         while start < len(order):
             max_tokens = requests[order[start]].max_tokens
@@ -277,9 +284,9 @@ class TransformersBackend:
             for row, index in enumerate(batch):
                 generated[index] = tokens[row]
                 if logits is not None and requests[index].logprobs:
-                    first_logits[index] = logits[row]
+                    first_top[index] = first_token_top(logits[row], self.top_logprobs)
             start = end
-        return generated, first_logits
+        return generated, first_top
 
     def _generate(self, input_ids: torch.Tensor, attention: torch.Tensor, sampler: SeededSampler, max_tokens: int,
                   cache, adapter_names: Sequence[str] | None, want_logprobs: bool):
@@ -340,11 +347,10 @@ class TransformersBackend:
         """(text, log-probability) per kept token; decoded one by one, so their texts concatenate to the text."""
         return tuple((self.tokenizer.decode([token]), value) for token, value in zip(tokens, logprobs))
 
-    def _top_logprobs(self, logits: torch.Tensor) -> dict[str, float]:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        values, ids = torch.topk(logprobs, min(self.top_logprobs, logprobs.shape[-1]))
+    def _top_logprobs(self, values: list[float], ids: list[int]) -> dict[str, float]:
+        """{token text: log-probability}; tokens that decode to the same text are merged."""
         result: dict[str, float] = {}
-        for value, token_id in zip(values.tolist(), ids.tolist()):
+        for value, token_id in zip(values, ids):
             text = self.tokenizer.decode([token_id])
             result[text] = _logaddexp(result[text], value) if text in result else value
         return result
