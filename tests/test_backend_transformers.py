@@ -212,6 +212,19 @@ def test_finished_rows_leave_the_batch_and_waiting_requests_take_their_place(smo
             [v for _, v in by_dropping.token_logprobs[: len(by_generate.token_logprobs)]], abs=1e-4)
 
 
+def test_requests_of_different_lengths_share_a_batch_and_stop_at_their_own_limit(smol32):
+    # the decode loop takes every request's own max_tokens: a greedy row cut at 5 tokens is the start of the same
+    # prompt's row cut at 24, both decoded in one batch
+    messages = (Message("system", "You are a careful math assistant."), Message("user", "Count from 1 to 30."))
+    requests = [Request(messages, "solve", 0, 1, max_tokens=limit, temperature=0.0) for limit in (5, 24, 1)]
+    batches = smol32.batches
+    short, long, single = smol32.generate(requests)
+    assert smol32.batches == batches + 1
+    assert (short.completion_tokens, short.finish_reason) == (5, "length")
+    assert (single.completion_tokens, single.finish_reason) == (1, "length")
+    assert long.completion_tokens == 24 and long.text.startswith(short.text) and short.text.startswith(single.text)
+
+
 def test_models_without_a_kv_cache_argument_are_decoded_by_generate():
     from deliberation_env.backends.decode import can_decode
 
