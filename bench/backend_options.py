@@ -85,10 +85,10 @@ def main() -> None:
                 effects[on] = (backend.decoded_rows - decoded if args.option == "drop_finished"
                                else (backend.prefix_tokens_reused - reused) / prompt_tokens)
                 print(f"{name}, {args.option}={on}: {seconds[on][-1]:.2f} s, {completion_tokens} tokens")
-        off, on_ = statistics.median(seconds[False]), statistics.median(seconds[True])
+        off_seconds, on_seconds = statistics.median(seconds[False]), statistics.median(seconds[True])
         effect = f"{effects[True]:.0%}" if args.option == "share_prefill" else f"{effects[False]:,} -> {effects[True]:,}"
-        rows.append(f"| {name} | {prompt_tokens:,} | {effect} | {tokens[False] / off:.1f} | "
-                    f"{tokens[True] / on_:.1f} | {off / on_:.2f}x |")
+        rows.append(f"| {name} | {prompt_tokens:,} | {effect} | {tokens[False] / off_seconds:.1f} | "
+                    f"{tokens[True] / on_seconds:.1f} | {off_seconds / on_seconds:.2f}x |")
     model = os.path.basename(str(args.model)) if args.model else "SmolLM2-135M-Instruct Q4_1"
     effect = "prompt tokens reused" if args.option == "share_prefill" else "rows decoded (summed over steps)"
     save_markdown(args.out or args.option, f"{args.option} on TransformersBackend ({model}, {args.dtype}, "

@@ -192,8 +192,8 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int], eos_ids: Sequence[int],
-           order: Sequence[int], start_rows: StartRows, batch_size: int, adapter_names: Sequence[str] | None = None,
-           want_first_top: Sequence[bool] = (), top_count: int = 20) -> Decoded:
+           order: Sequence[int], start_rows: StartRows, batch_size: int, adapter_names: Sequence[str] | None,
+           want_first_top: Sequence[bool], top_count: int = 20) -> Decoded:
     """Generate for every request, at most ``batch_size`` rows at a time, admitting them in ``order``.
 
     ``limits``: each request's ``max_tokens``. ``start_rows``: lays out the prompts of the requests admitted together.
@@ -231,7 +231,7 @@ def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int]
         cached, positions = cache.get_seq_length(), positions_from_mask(attention)
         logits = forward(requests, input_ids[:, cached:], attention, positions[:, cached:], cache)
         for k, request in enumerate(requests):
-            if request < len(want_first_top) and want_first_top[request]:
+            if want_first_top[request]:
                 result.first_top[request] = first_token_top(logits[k], top_count)
         chosen, going_on = sample(requests, logits)
         new = _Rows(requests, cache, attention, positions[:, -1:] + 1, chosen[:, None])

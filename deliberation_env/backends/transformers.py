@@ -267,7 +267,7 @@ class TransformersBackend:
     def _generate_grouped(self, requests: Sequence[Request], prompts: Sequence[list[int]], sampler: SeededSampler,
                           adapter_names: Sequence[str] | None) -> tuple[list[list[int]], dict[int, Any]]:
         """``drop_finished=False``: ``transformers``' ``generate`` on batches of one ``max_tokens``, sorted by prompt
-        length (each request's tokens, and the first-step logits of those that asked for log-probabilities)."""
+        length (each request's tokens, and the top first tokens of those that asked for log-probabilities)."""
         order = sorted(range(len(requests)), key=lambda i: (requests[i].max_tokens, len(prompts[i])))
         generated: list[list[int]] = [[] for _ in requests]
         first_top: dict[int, tuple[list[float], list[int]]] = {}
@@ -278,9 +278,10 @@ class TransformersBackend:
             while end < len(order) and end - start < self.batch_size and requests[order[end]].max_tokens == max_tokens:
                 end += 1
             batch = order[start:end]
-            input_ids, attention, cache = self._start_rows([prompts[i] for i in batch], _pick(adapter_names, batch))
-            tokens, logits = self._generate(input_ids, attention, sampler.subset(batch), max_tokens, cache,
-                                            _pick(adapter_names, batch), any(requests[i].logprobs for i in batch))
+            names = _pick(adapter_names, batch)
+            input_ids, attention, cache = self._start_rows([prompts[i] for i in batch], names)
+            tokens, logits = self._generate(input_ids, attention, sampler.subset(batch), max_tokens, cache, names,
+                                            any(requests[i].logprobs for i in batch))
             for row, index in enumerate(batch):
                 generated[index] = tokens[row]
                 if logits is not None and requests[index].logprobs:
