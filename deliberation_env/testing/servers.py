@@ -196,25 +196,31 @@ class LoopbackServer:
         for meter in meters:
             meter.enter()
         try:
-            if fault is not None:
-                headers = {"retry-after": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
-                send_json(handler, fault.status, fault.body, headers)
-                return
-            if self._slots is not None:
-                self._slots.acquire()
-            try:
-                if self.stopped.wait(self.latency) if self.latency > 0 else self.stopped.is_set():
-                    handler.close_connection = True  # died: no answer
-                    return
-                self._account(handler, body)
-            finally:
-                if self._slots is not None:
-                    self._slots.release()
-            content = self.reply(body) if self.reply is not None else DEFAULT_ANSWER
-            send_json(handler, 200, chat_reply(content))
+            response = self._answer(handler, body, fault)
         finally:
+            # Out of flight before the answer is written: a client that reads it may send its next request at once,
+            # which must not be counted beside this one.
             for meter in meters:
                 meter.leave()
+        if response is not None:
+            send_json(handler, *response)
+
+    def _answer(self, handler: BaseHTTPRequestHandler, body: dict, fault: _Fault | None) -> tuple | None:
+        """(status, body, headers) of the reply, or None when the replica died meanwhile (no answer)."""
+        if fault is not None:
+            return fault.status, fault.body, {"retry-after": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
+        if self._slots is not None:
+            self._slots.acquire()
+        try:
+            if self.stopped.wait(self.latency) if self.latency > 0 else self.stopped.is_set():
+                handler.close_connection = True
+                return None
+            self._account(handler, body)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+        content = self.reply(body) if self.reply is not None else DEFAULT_ANSWER
+        return 200, chat_reply(content), {}
 
     def _account(self, handler: BaseHTTPRequestHandler, body: dict) -> None:
         request_id, episode = handler.headers.get("x-request-id"), handler.headers.get("x-episode-id")
