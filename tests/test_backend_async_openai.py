@@ -139,12 +139,19 @@ def test_sticky_routing_keeps_each_episode_on_one_replica(fleet, routing):
 
 
 def test_concurrency_is_bounded_per_replica_and_in_total(fleet):
+    # 40 episodes of one request, spread over both replicas: the total bound is the one reached
     total = Inflight()
     servers = fleet(2, latency=0.15, total=total)
     backend = OpenAICompatibleBackend([s.url for s in servers], model="m", concurrency=6, per_replica=4)
-    requests = _requests(40, per_episode=1)
-    assert len(backend.generate(requests)) == 40
-    assert total.peak == 6 and max(s.inflight.peak for s in servers) == 4
+    assert len(backend.generate(_requests(40, per_episode=1))) == 40
+    assert total.peak == 6 and max(s.inflight.peak for s in servers) <= 4
+    backend.close()
+    # one episode of 20 requests, all on its replica: the per-replica bound is the one reached
+    total = Inflight()
+    servers = fleet(2, latency=0.15, total=total)
+    backend = OpenAICompatibleBackend([s.url for s in servers], model="m", concurrency=6, per_replica=4)
+    assert len(backend.generate(_requests(1, per_episode=20))) == 20
+    assert total.peak == 4 and sorted(s.inflight.peak for s in servers) == [0, 4]
     backend.close()
     with pytest.raises(ValueError, match="per_replica"):
         OpenAICompatibleBackend(servers[0].url, model="m", per_replica=0)
