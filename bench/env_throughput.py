@@ -51,13 +51,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time budget per env")
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ours-only", action="store_true", help="skip rps_v2 (to profile our env alone); no ratio")
     args = parser.parse_args()
     ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", num_agents=args.agents, max_rounds=args.rounds)
-    floor = rps_v2.parallel_env(max_cycles=args.rounds)
-    ours_rate, ours_rounds = rounds_per_second(ours, args.seconds)
-    floor_rate, floor_rounds = rounds_per_second(floor, args.seconds)
     print(f"config: task=arithmetic backend=sim agents={args.agents} rounds={args.rounds} seconds={args.seconds}")
+    ours_rate, ours_rounds = rounds_per_second(ours, args.seconds)
     print(f"deliberation_env (sim): {ours_rate:10.0f} rounds/s  ({ours_rounds} rounds)")
+    if args.ours_only:
+        return
+    floor_rate, floor_rounds = rounds_per_second(rps_v2.parallel_env(max_cycles=args.rounds), args.seconds)
     print(f"pettingzoo rps_v2     : {floor_rate:10.0f} rounds/s  ({floor_rounds} rounds)")
     print(f"ratio ours / rps_v2   : {ours_rate / floor_rate:10.3f}")
 
