@@ -205,11 +205,11 @@ def test_finished_rows_leave_the_batch_and_waiting_requests_take_their_place(smo
     assert any(shapes[k + 1][0] > shapes[k][0] for k in admissions)  # admitted rows decode beside earlier ones
     assert max(rows for rows, _ in shapes) <= 4
     assert by_dropping < by_generate
-    for by_generate, by_dropping in zip(reference, dropped):
-        kept = by_dropping.completion_tokens - (by_dropping.finish_reason == "stop")
-        assert len(by_dropping.token_logprobs) == kept  # generate's processor never sees the last token's
-        assert [v for _, v in by_generate.token_logprobs] == pytest.approx(
-            [v for _, v in by_dropping.token_logprobs[: len(by_generate.token_logprobs)]], abs=1e-4)
+    for from_generate, from_decode in zip(reference, dropped):
+        kept = from_decode.completion_tokens - (from_decode.finish_reason == "stop")
+        assert len(from_decode.token_logprobs) == kept  # generate's processor never sees the last token's
+        assert [v for _, v in from_generate.token_logprobs] == pytest.approx(
+            [v for _, v in from_decode.token_logprobs[: len(from_generate.token_logprobs)]], abs=1e-4)
 
 
 def test_requests_of_different_lengths_share_a_batch_and_stop_at_their_own_limit(smol32):

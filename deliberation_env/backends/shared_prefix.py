@@ -92,9 +92,10 @@ def _split_lone_rows(prompts: Sequence[Sequence[int]], groups: list[int | None],
     """Choose the tail width; a row in no group puts what of its prompt does not fit in the tail block in the
     prefix block (its own prefill, split in two), so that a long lone prompt does not widen every row's tail."""
     lone = [len(p) for p, group in zip(prompts, groups) if group is None]
-    shortest = max(len(p) - n for p, n in zip(prompts, lengths) if n)
+    narrowest_tail = max(len(p) - n for p, n in zip(prompts, lengths) if n)  # the grouped rows' tails must fit
     widest_prefix = max(lengths)
-    candidates = {shortest} | {n for n in lone if n > shortest} | {n - widest_prefix for n in lone if n - widest_prefix > shortest}
+    candidates = ({narrowest_tail} | {n for n in lone if n > narrowest_tail}
+                  | {n - widest_prefix for n in lone if n - widest_prefix > narrowest_tail})
 
     def cost(tail: int) -> int:
         split = [n - tail for n in lone if n > tail]
