@@ -14,6 +14,7 @@ from pettingzoo.utils import wrappers as pz_wrappers  # not `wrappers`: our subm
 from deliberation_env.core.deliberation import Action
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.registry import BACKENDS, TASKS
+from deliberation_env.replay import replay_env
 from deliberation_env.text import TextDeliberationEnv, text_env
 
 __version__ = "0.1.0"
@@ -57,4 +58,4 @@ ENV_ID = "deliberation_env/Deliberation-v0"
 _register_with_pettingzoo()
 
 __all__ = ["ENV_ID", "Action", "BACKENDS", "DeliberationEnv", "TASKS", "TextDeliberationEnv", "env", "parallel_env",
-           "raw_env", "text_env", "__version__"]
+           "raw_env", "replay_env", "text_env", "__version__"]

@@ -43,6 +43,7 @@ and docs/interop.md for each RL library's recipe).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import gymnasium
@@ -55,12 +56,13 @@ from deliberation_env.core import features
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
 from deliberation_env.formats import ObservationFormat
 from deliberation_env.registry import BACKENDS, TASKS
+from deliberation_env.replay.backend import bind_replay
 from deliberation_env.tasks.base import Problem, Task
 
 INVALID_ACTION_MODES = ("raise", "persist")
 _ENV_OPTIONS = {
     "confidence", "concede_target", "early_stop", "reintrospect_concede", "reward_weights", "max_tokens",
-    "critic_max_tokens", "temperature", "critic_temperature",
+    "critic_max_tokens", "temperature", "critic_temperature", "streams",
 }
 
 
@@ -115,6 +117,10 @@ class DeliberationEnv(ParallelEnv):
         if len(self.problems) == 0:
             raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
         self.backends = self._make_backends(backend, dict(backend_kwargs or {}), cache)
+        binding = bind_replay(self.backends, self.task, self.config, split)
+        if binding is not None:  # a replay set: its recorded problems and its sample streams
+            self.config = replace(self.config, streams=binding.streams)
+            self.problems = binding.problems
         self.render_mode = render_mode
         self.invalid_action = invalid_action
 

@@ -189,7 +189,7 @@ class EpisodeRecorder:
             problem = core.problem
             self.writer.write(Episode(
                 task=self.env.task.name, task_settings=self._settings, split=self.env.split, problem_id=problem.id,
-                difficulty=problem.difficulty, seed=core._seed, label=self.label,
+                difficulty=problem.difficulty, seed=core.seed, label=self.label,
                 num_agents=core.config.num_agents, max_rounds=core.config.max_rounds,
                 backends=self._backends, options=self._options, rounds=tuple(self._rounds),
             ))

@@ -122,10 +122,17 @@ def forward_parameters(model: torch.nn.Module) -> frozenset[str]:
     return frozenset(inspect.signature(base.forward).parameters)
 
 
+def cache_keyword(model: torch.nn.Module) -> str | None:
+    """The name under which the model's ``forward`` takes a KV cache: ``cache`` (transformers >= 5.24),
+    ``past_key_values`` (earlier releases), or None when it takes none."""
+    parameters = forward_parameters(model)
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
 def can_decode(model: torch.nn.Module) -> bool:
     """Whether ``decode`` can drive this model: its forward takes a KV cache and position ids (every ``transformers``
     causal LM does; some remote-code models do not, and get ``generate``)."""
-    return {"past_key_values", "position_ids"} <= forward_parameters(model)
+    return cache_keyword(model) is not None and "position_ids" in forward_parameters(model)
 
 
 @dataclass
@@ -205,14 +212,15 @@ def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int]
     result = Decoded([[] for _ in limits])
     stop = set(eos_ids)
     extra = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
+    cache_name = cache_keyword(model) or "past_key_values"
     waiting, rows = deque(order), None
 
     def forward(requests: list[int], input_ids, attention, positions, cache) -> torch.Tensor:
         if adapter_names is not None:
             extra["adapter_names"] = [adapter_names[r] for r in requests]
         result.row_steps += len(requests)
-        return model(input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                     use_cache=True, **extra).logits[:, -1, :]
+        return model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                     **{cache_name: cache}, **extra).logits[:, -1, :]
 
     def sample(requests: list[int], logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """Each row's next token, and the rows that go on."""

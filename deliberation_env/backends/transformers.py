@@ -41,6 +41,7 @@ import torch
 from deliberation_env.backends.base import Completion, Request
 from deliberation_env.backends.decode import (
     SeededSampler,
+    cache_keyword,
     can_decode,
     decode,
     first_token_top,
@@ -301,7 +302,7 @@ class TransformersBackend:
             attention_mask=attention,
             generation_config=config,
             logits_processor=LogitsProcessorList([sampler]),
-            **({"past_key_values": cache} if cache is not None else {}),
+            **({cache_keyword(self.model) or "past_key_values": cache} if cache is not None else {}),
             **({"adapter_names": list(adapter_names)} if adapter_names is not None else {}),
         )
         first_logits = output.logits[0].float() if want_logprobs and output.logits else None
@@ -337,8 +338,9 @@ class TransformersBackend:
         extra: dict[str, Any] = {"adapter_names": [adapter_names[r] for r in rows]} if adapter_names is not None else {}
         if "logits_to_keep" in forward_parameters(self.model):
             extra["logits_to_keep"] = 1  # only the cache is wanted; skip the vocabulary projection of the prefix
-        self.model(input_ids=input_ids[rows, :columns], attention_mask=mask, position_ids=positions,
-                   past_key_values=cache, use_cache=True, **extra)
+        extra[cache_keyword(self.model) or "past_key_values"] = cache
+        self.model(input_ids=input_ids[rows, :columns], attention_mask=mask, position_ids=positions, use_cache=True,
+                   **extra)
         slots = [group if group is not None else 0 for group in plan.groups]
         cache.batch_select_indices(torch.tensor(slots, device=input_ids.device))
         self.prefix_tokens_reused += sum(plan.prefix_lengths) - sum(plan.prefix_lengths[r] for r in rows)

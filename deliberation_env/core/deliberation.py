@@ -49,6 +49,11 @@ class Action(IntEnum):
 CONCEDE_TARGETS = ("most_confident", "plurality")
 CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
 _KIND_IDS = {"solve": 1, "refine": 2, "critic": 3}
+REQUEST_FORMAT = 1
+"""The version of how requests are derived from an episode (seeds, kinds, rounds). Bump it with any change that
+makes the same episode ask for other requests: recorded replay sets store it and refuse to load under another."""
+_STREAM_TAG = 0x5EED5
+
 _EPISODE_IDS = itertools.count(1)  # Request.episode: distinct per episode in this process
 _PARSED: dict[tuple[int, str], tuple[str | None, tuple[float, ...]]] = {}
 """(id(task), text) -> (extracted answer, text profile), shared by every deliberation in the process: texts repeat
@@ -80,12 +85,18 @@ class DeliberationConfig:
     critic_max_tokens: int = 48
     temperature: float = 0.7
     critic_temperature: float = 0.0
+    streams: int | None = None
+    """When set, every episode draws its generations from one of this many sample streams per problem: the
+    episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream)``. Replay sets record S
+    streams per problem and set this to S; None (the default) uses the episode seed itself."""
 
     def __post_init__(self) -> None:
         _check_int("num_agents", self.num_agents, 1)
         _check_int("max_rounds", self.max_rounds, 1)
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("critic_max_tokens", self.critic_max_tokens, 1)
+        if self.streams is not None:
+            _check_int("streams", self.streams, 1)
         if self.confidence not in CONFIDENCE_SOURCES:
             raise ValueError(f"confidence must be one of {CONFIDENCE_SOURCES}, got {self.confidence!r}")
         if self.concede_target not in CONCEDE_TARGETS:
@@ -145,6 +156,11 @@ class Phase(Enum):
     READY = "ready"
 
 
+def stream_seed(stream: int) -> int:
+    """The episode seed of sample stream ``stream`` (``DeliberationConfig.streams``)."""
+    return mix_seed(_STREAM_TAG, stream)
+
+
 def mix_seed(*parts: int) -> int:
     """Combine integers into one 63-bit seed (splitmix64 steps; stable across runs and platforms)."""
     state = 0x9E3779B97F4A7C15
@@ -182,8 +198,12 @@ class Deliberation:
 
     # ----------------------------------------------------------------- phases
     def start(self, problem: Problem, seed: int) -> None:
-        """Begin an episode: every agent solves the problem (round 0)."""
-        self.problem, self._seed = problem, int(seed)
+        """Begin an episode: every agent solves the problem (round 0). With ``config.streams`` the seed picks a
+        stream (``seed % streams``) and the episode runs on that stream's seed."""
+        seed = int(seed)
+        if self.config.streams is not None:
+            seed = stream_seed(seed % self.config.streams)
+        self.problem, self._seed = problem, seed
         self._episode = next(_EPISODE_IDS)  # a routing hint for backends; no part of the episode's outcome
         self.agents = [AgentState() for _ in range(self.config.num_agents)]
         self.round, self.done, self._grades = 0, False, {}
@@ -285,6 +305,11 @@ class Deliberation:
         return RoundOutcome(self.round, consensus, facts.consensus_correct, loo, components, rewards, self.done)
 
     # ------------------------------------------------------------- queries
+    @property
+    def seed(self) -> int:
+        """The seed the episode's requests are derived from (the stream's seed when ``config.streams`` is set)."""
+        return self._seed
+
     def consensus(self) -> str | None:
         if "consensus" not in self._derived:
             self._derived["consensus"] = plurality([a.answer for a in self.agents], [a.confidence for a in self.agents])

@@ -1,0 +1,208 @@
+"""Record a replay set: a model's whole deliberation tree on a range of problems (``replay.recorder``).
+
+    python -m deliberation_env.record --out runs/qwen05-arith --task arithmetic \\
+        --task-option levels=[0,1] --split test --problems 0:400 --agents 3 --rounds 1 \\
+        --max-tokens 256 --confidence critic_text --backend transformers --model Qwen.gguf
+
+Every stream, confidence source (``--sources``) and legal joint action sequence up to ``--rounds`` is
+recorded. Problems are recorded ``--chunk`` at a time: each finished chunk is a file of its own and is
+listed in the card, so an interrupted run rerun with the same command loses nothing and goes on where
+it stopped. ``--branch-limit K`` bounds rounds past the first (see ``replay.recorder``). The card, and
+the README dataset card written from it, say what made the set.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from deliberation_env.cli import (
+    ArgumentParser,
+    KeyValueAction,
+    UserError,
+    add_backend_arguments,
+    backend_settings,
+    env_options,
+    positive_int,
+    report_user_errors,
+    user_input,
+)
+from deliberation_env.core.deliberation import CONFIDENCE_SOURCES, DeliberationConfig
+from deliberation_env.replay.dataset import (
+    ReplayCard,
+    chunk_files,
+    prompt_fingerprint,
+    read_records,
+    settings_of,
+    write_card,
+    write_chunk,
+)
+from deliberation_env.replay.markdown import card_markdown
+from deliberation_env.replay.recorder import PartialFile, TreeRecorder
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    parser = ArgumentParser(prog="python -m deliberation_env.record", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="the replay set's folder (created, or resumed)")
+    parser.add_argument("--name", default=None, help="the set's name (default: the folder's name)")
+    parser.add_argument("--task", default="arithmetic")
+    parser.add_argument("--task-option", dest="task_options", action=KeyValueAction, default={}, metavar="KEY=VALUE",
+                        help="a task constructor keyword, e.g. levels=[0,1] or prompt=no_code")
+    parser.add_argument("--data-dir", default=None, help="benchmark data folder (tasks that read files)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--problems", default=None, metavar="START:END",
+                        help="positions in the split to record (default: all)")
+    parser.add_argument("--problem-ids", nargs="+", default=None, metavar="ID", help="record these problems instead")
+    parser.add_argument("--streams", type=positive_int, default=1, help="sample streams per problem (default 1)")
+    parser.add_argument("--agents", type=positive_int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=1, help="deliberation rounds to record (default 1)")
+    parser.add_argument("--confidence", default="critic_text", choices=CONFIDENCE_SOURCES,
+                        help="the confidence source replay_env() uses by default")
+    parser.add_argument("--sources", nargs="+", default=list(CONFIDENCE_SOURCES), choices=CONFIDENCE_SOURCES,
+                        help="confidence sources whose trees are recorded (default: all; they share most requests)")
+    parser.add_argument("--branch-limit", type=positive_int, default=None, metavar="K",
+                        help="past round 1, keep K sampled joint actions per state (marks the set partial)")
+    parser.add_argument("--chunk", type=positive_int, default=50, help="problems per chunk file (default 50)")
+    parser.add_argument("--wave", type=positive_int, default=8, help="problems whose trees are walked together")
+    add_backend_arguments(parser, backend_default="transformers")
+    return parser.parse_args(argv)
+
+
+def selected(problems: list, args: Any) -> list[tuple[int, Any]]:
+    """(position in the split, problem) of the problems to record."""
+    if args.problem_ids:
+        by_id = {p.id: (i, p) for i, p in enumerate(problems)}
+        unknown = [pid for pid in args.problem_ids if pid not in by_id]
+        if unknown:
+            raise UserError(f"--problem-ids: split {args.split!r} has no problem {unknown[0]!r}")
+        return [by_id[pid] for pid in args.problem_ids]
+    if args.problems is None:
+        return list(enumerate(problems))
+    start, sep, end = args.problems.partition(":")
+    if not sep or not start.isdigit() or not end.isdigit() or int(start) >= int(end):
+        raise UserError(f"--problems must be START:END with START < END, got {args.problems!r}")
+    if int(end) > len(problems):
+        raise UserError(f"--problems {args.problems}: split {args.split!r} has {len(problems)} problems")
+    return [(i, problems[i]) for i in range(int(start), int(end))]
+
+
+def check_same(card: ReplayCard, fresh: ReplayCard) -> None:
+    for name in ("model", "task", "task_kwargs", "settings", "rounds", "streams", "prompt_fingerprint",
+                 "confidence_sources", "branch_limit", "request_format"):
+        if getattr(card, name) != getattr(fresh, name):
+            raise UserError(f"--out holds a set recorded with {name}={getattr(card, name)!r}, not "
+                            f"{getattr(fresh, name)!r}; record into another folder or use the same settings")
+
+
+def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[str, Any]:
+    """Coverage, tree size per round, round-0 accuracy per level, size on disk and recording time."""
+    problems = {p.id: p for split in card.splits for p in task.problems(split) if p.id in set(card.splits[split])}
+    per_round: Counter = Counter()
+    tokens = 0
+    solved: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    count = 0
+    for record in read_records(out):
+        if record["problem"] not in problems:
+            continue
+        count += 1
+        per_round[record["round"]] += 1
+        tokens += record["prompt_tokens"] + record["completion_tokens"]
+        if record["kind"] == "solve":
+            problem = problems[record["problem"]]
+            level = str(problem.metadata.get("level", "all"))
+            solved[level][0] += bool(task.grade(problem, task.extract_answer(record["text"])))
+            solved[level][1] += 1
+    n = max(len(problems), 1)
+    return {
+        "problems": len(problems), "completions": count,
+        "coverage": f"all joint actions up to round 1, K={card.branch_limit} sampled after" if card.partial
+        else f"every joint action sequence up to round {card.rounds}",
+        "requests_per_problem": {str(r): round(per_round[r] / n, 2) for r in sorted(per_round)},
+        "tokens_per_problem": round(tokens / n, 1),
+        "solve_accuracy_by_level": {level: {"correct": c, "solves": t, "accuracy": round(c / t, 3)}
+                                    for level, (c, t) in sorted(solved.items())},
+        "bytes": sum(f.stat().st_size for f in chunk_files(out)),
+        "recording_seconds": round(seconds, 1),
+    }
+
+
+@report_user_errors("python -m deliberation_env.record")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from deliberation_env.registry import TASKS
+
+    with user_input("--task"):
+        task = TASKS.make(args.task, data_dir=args.data_dir, **args.task_options)
+        problems = list(task.problems(args.split))
+    chosen = selected(problems, args)
+    with user_input("env settings"):
+        config = DeliberationConfig(num_agents=args.agents, max_rounds=args.rounds, confidence=args.confidence,
+                                    streams=args.streams, **env_options(args))
+    settings = backend_settings(args)
+    backend = settings.build()
+    out = Path(args.out)
+    fresh = ReplayCard(name=args.name or out.resolve().name, model=backend.identity(),
+                       backend=f"{type(backend).__name__} ({settings.backend})",
+                       task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
+                       rounds=args.rounds, confidence=args.confidence, confidence_sources=list(args.sources),
+                       streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
+                       partial=args.branch_limit is not None and args.rounds > 1, branch_limit=args.branch_limit)
+    card = fresh
+    if (out / "card.json").is_file():
+        card = ReplayCard.from_json((out / "card.json").read_text(encoding="utf-8"), str(out / "card.json"))
+        check_same(card, fresh)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m deliberation_env.record " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command.replace(str(Path.home()), "~")  # no home folder of the recording machine in the card
+    if command not in card.commands:
+        card.commands.append(command)
+    done = set(card.splits.get(args.split, []))
+    records = {r["key"]: r for r in read_records(out)}
+    recorder = TreeRecorder(task, config, backend, rounds=args.rounds, confidence_sources=args.sources,
+                            records=records, branch_limit=args.branch_limit)
+    todo = [(i, p) for i, p in chosen if p.id not in done]
+    chunks = [todo[k:k + args.chunk] for k in range(0, len(todo), args.chunk)]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), unit="problem", desc=f"recording {card.name}", dynamic_ncols=True)
+    seconds = card.stats.get("recording_seconds", 0.0)
+    for chunk in chunks:
+        name = f"{args.split}-{chunk[0][0]:05d}-{chunk[-1][0]:05d}"
+        partial = PartialFile(out / "chunks" / f"{name}.partial.jsonl")
+        for record in partial.read():
+            records[record["key"]] = record
+        started = time.perf_counter()
+        rounds: Counter = Counter()
+        ids = [p.id for _, p in chunk]
+        for k in range(0, len(chunk), args.wave):
+            wave = [p for _, p in chunk[k:k + args.wave]]
+            stats = recorder.record(wave, args.split, partial.append,
+                                    on_wave=lambda depth, n: bar.set_postfix(round=depth, requests=n))
+            for (_, round_), count in stats.requests.items():
+                rounds[round_] += count
+            bar.update(len(wave))
+        chunk_ids = set(ids)
+        write_chunk(out / "chunks" / f"{name}.jsonl.gz",
+                    sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
+                           key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"])))
+        partial.remove()
+        seconds += time.perf_counter() - started
+        card.splits[args.split] = [*card.splits.get(args.split, []), *ids]
+        card.stats = card_stats(task, card, out, seconds)
+        write_card(out, card)
+        (out / "README.md").write_text(card_markdown(card), encoding="utf-8")
+        tree = ", ".join(f"round {r}: {rounds[r] / len(chunk):.1f}" for r in sorted(rounds))
+        bar.write(f"chunk {name}: {len(chunk)} problems, unique requests per problem {tree}, "
+                  f"{time.perf_counter() - started:.0f} s")
+    bar.close()
+    if not todo:
+        print(f"{out}: every chosen problem is already recorded", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""``backend="replay"``: answer an env's requests from a recorded replay set (see ``replay.dataset``).
+
+    env = deliberation_env.parallel_env(task="arithmetic", backend="replay",
+                                        backend_kwargs={"dataset": "qwen05-arith"}, ...)
+    env = deliberation_env.replay_env("qwen05-arith", split="test")   # the set's own settings
+
+At env construction the backend checks that the set serves every episode the env can play
+(``ReplaySet.check``): the same task prompts and problems, the same request-determining settings, no
+more rounds than recorded, a recorded confidence source and the request format of this code. A set
+that passes never misses in the middle of a run. The env's problems become the set's recorded
+problems of the split, and its episodes draw one of the set's S streams per episode seed
+(``DeliberationConfig.streams``).
+
+A request outside the recording (a custom env driven past the check) raises ``ReplayMiss`` naming the
+problem, stream, round, agent and the command that records it; with ``fallback=`` a live backend
+answers it instead, and ``write_back=True`` appends those answers to the set as a chunk marked
+``fallback``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.core.deliberation import DeliberationConfig, mix_seed, stream_seed
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, record_of, rich_request, write_chunk
+from deliberation_env.tasks.base import Problem, Task
+
+_KINDS = {"solve": 1, "refine": 2, "critic": 3}
+
+
+class ReplayMiss(LookupError):
+    """A request that the replay set does not hold (and no fallback backend answered)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a replay set imposes on the env that uses it."""
+
+    problems: list[Problem]
+    streams: int
+
+
+class ReplayBackend:
+    """Answers requests from a replay set; see the module docstring."""
+
+    def __init__(self, dataset: str | os.PathLike[str] | ReplaySet, fallback: Backend | None = None,
+                 write_back: bool = False):
+        self.set = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
+        if write_back and fallback is None:
+            raise ValueError("write_back=True needs a fallback= backend to fill the gaps it writes")
+        self.fallback, self.write_back = fallback, write_back
+        self.split: str | None = None
+        self.hits = self.misses = 0
+
+    def identity(self) -> str:
+        return self.set.card.model
+
+    def __repr__(self) -> str:
+        return f"ReplayBackend({self.set!r})"
+
+    def bind(self, task: Task, config: DeliberationConfig, split: str) -> Binding:
+        """Check that the set serves the env (ReplayError if not) and say which problems and streams it has."""
+        streams = self.set.card.streams if config.streams is None else config.streams
+        problems = self.set.check(task, replace(config, streams=streams), split)
+        self.split = split
+        return Binding(problems, streams)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        completions: list[Completion | None] = [self.set.lookup(request) for request in requests]
+        gaps = [i for i, completion in enumerate(completions) if completion is None]
+        self.hits += len(requests) - len(gaps)
+        self.misses += len(gaps)
+        if gaps:
+            if self.fallback is None:
+                raise ReplayMiss(self._describe_miss(requests[gaps[0]], len(gaps)))
+            filled = self.fallback.generate([rich_request(requests[i]) for i in gaps])
+            records = []
+            for i, completion in zip(gaps, filled):
+                record = record_of(rich_request(requests[i]), completion, **self._place(requests[i]))
+                self.set.records[record["key"]] = record
+                records.append(record)
+                completions[i] = self.set.lookup(requests[i])
+            if self.write_back:
+                write_chunk(self.set.path / "chunks" / f"fallback-{time.time_ns()}.jsonl.gz", records)
+        return completions  # type: ignore[return-value]
+
+    def _place(self, request: Request) -> dict[str, Any]:
+        """Where a request sits in the tree (split, problem, stream, round), found from its seed."""
+        card = self.set.card
+        problem = request.context.problem.id if request.context is not None else "?"
+        for stream in range(card.streams):
+            for round_ in range(card.rounds + 2):
+                if mix_seed(stream_seed(stream), round_, request.agent, _KINDS[request.kind]) == request.seed:
+                    return {"split": self.split or "?", "problem": problem, "stream": stream, "round": round_}
+        return {"split": self.split or "?", "problem": problem, "stream": -1, "round": -1}
+
+    def _describe_miss(self, request: Request, count: int) -> str:
+        place, card = self._place(request), self.set.card
+        where = (f"problem {place['problem']!r} (split {place['split']!r}), stream {place['stream']}, "
+                 f"round {place['round']}, agent {request.agent}")
+        return (f"replay set {card.name!r} has no {request.kind} completion for {where}"
+                f"{f' (and {count - 1} more in this batch)' if count > 1 else ''}. Record it with "
+                f"`python -m deliberation_env.record --out {self.set.path} --split {place['split']} "
+                f"--problem-ids {place['problem']} --rounds {max(place['round'], card.rounds)} BACKEND FLAGS` "
+                f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
+
+
+def bind_replay(backends: Sequence[Any], task: Task, config: DeliberationConfig, split: str) -> Binding | None:
+    """The binding of the env's replay backends (all must agree), or None when none replays."""
+    bindings = [b.bind(task, config, split) for b in {id(b): b for b in backends}.values() if callable(getattr(b, "bind", None))]
+    if not bindings:
+        return None
+    first = bindings[0]
+    for other in bindings[1:]:
+        if [p.id for p in other.problems] != [p.id for p in first.problems] or other.streams != first.streams:
+            raise ReplayError("the env's replay backends hold different problems or streams; give every agent the same set")
+    return first

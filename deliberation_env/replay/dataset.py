@@ -1,0 +1,287 @@
+"""Replay sets: a real model's whole deliberation tree, recorded once and read back at dictionary speed.
+
+A replay set is a folder (format in docs/replay.md; readable without this package)::
+
+    card.json               what made it: model, backend, task, env settings, prompt fingerprint, streams,
+                            recorded problem ids per split, request format, coverage, commands
+    README.md               the human dataset card (written by the recorder from card.json)
+    chunks/*.jsonl.gz       one JSON object per completion (``RECORD_FIELDS``)
+
+Every completion is keyed by what determines it (``request_key``: messages, seed, max_tokens,
+temperature, top_p) and stored with all the signals the model gave: solutions and refinements with
+every token's log-probability, critic calls with the first token's top log-probabilities. A replayed
+request gets back the fields it asked for (``completion_for``), so one recording serves the ``critic``,
+``critic_text`` and ``answer_logprobs`` confidence sources alike.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from deliberation_env.backends.base import Completion, Request
+from deliberation_env.core.deliberation import REQUEST_FORMAT, Deliberation, DeliberationConfig
+from deliberation_env.tasks.base import PeerView, Problem, Task
+
+FORMAT = "deliberation-replay/1"
+SETS_DIR = Path(__file__).resolve().parent / "sets"
+"""Where the replay sets shipped with the package live (one folder each)."""
+HUB_PREFIX = "hf://"
+SETTING_FIELDS = ("num_agents", "concede_target", "reintrospect_concede", "max_tokens", "critic_max_tokens",
+                  "temperature", "critic_temperature")
+"""The ``DeliberationConfig`` fields that change which requests an episode makes (besides rounds and confidence)."""
+RECORD_FIELDS = ("key", "split", "problem", "stream", "round", "agent", "kind", "text", "prompt_tokens",
+                 "completion_tokens", "finish_reason", "top_logprobs", "token_logprobs")
+_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class ReplayError(ValueError):
+    """A replay set that cannot serve the env asked of it (names the set, the difference and the fix)."""
+
+
+def request_key(request: Request) -> str:
+    """The key of a request in a replay set: a hash of the messages, the seed and the sampling settings.
+
+    Which log-probabilities a request asks for is not part of it: a recording keeps them all."""
+    payload = _KEY_JSON.encode({"messages": [[m.role, m.content] for m in request.messages], "seed": int(request.seed),
+                                "max_tokens": request.max_tokens, "temperature": float(request.temperature),
+                                "top_p": float(request.top_p)})
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def rich_request(request: Request) -> Request:
+    """The request as the recorder sends it: critics with first-token top log-probabilities, generations with
+    every token's log-probability (the model's text does not depend on which log-probabilities are asked for)."""
+    critic = request.kind == "critic"
+    return replace(request, logprobs=critic, token_logprobs=not critic)
+
+
+def completion_for(request: Request, record: Mapping[str, Any]) -> Completion:
+    """The recorded completion as the live backend would have answered ``request``."""
+    tokens = record.get("token_logprobs")
+    return Completion(
+        text=record["text"], prompt_tokens=record["prompt_tokens"], completion_tokens=record["completion_tokens"],
+        top_logprobs=dict(record["top_logprobs"]) if request.logprobs and record.get("top_logprobs") else None,
+        finish_reason=record["finish_reason"], cached=True,
+        token_logprobs=tuple((str(t), float(v)) for t, v in tokens) if request.token_logprobs and tokens is not None else None,
+    )
+
+
+def record_of(request: Request, completion: Completion, *, split: str, problem: str, stream: int,
+              round: int) -> dict[str, Any]:
+    """One line of a chunk file."""
+    tokens = completion.token_logprobs
+    return {"key": request_key(request), "split": split, "problem": problem, "stream": stream, "round": round,
+            "agent": request.agent, "kind": request.kind, "text": completion.text,
+            "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
+            "finish_reason": completion.finish_reason, "top_logprobs": completion.top_logprobs,
+            "token_logprobs": None if tokens is None else [[t, v] for t, v in tokens]}
+
+
+def prompt_fingerprint(task: Task) -> str:
+    """A hash of the task's three prompts on a fixed probe problem: a prompt change changes it."""
+    probe = Problem(id="probe", question="What is 2 + 3?", answer="5")
+    peers = [PeerView("5", "2 + 3 = 5."), PeerView(None, "I could not finish.")]
+    messages = (task.solve_messages(probe), task.refine_messages(probe, "2 + 3 = 6. The answer is 6", peers),
+                task.critic_messages(probe, "2 + 3 = 5. The answer is 5"))
+    text = _KEY_JSON.encode([[[m.role, m.content] for m in group] for group in messages])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def settings_of(config: DeliberationConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in SETTING_FIELDS}
+
+
+@dataclass
+class ReplayCard:
+    """``card.json``: everything that determines a replay set's requests, and what it holds."""
+
+    name: str
+    model: str
+    """The recording backend's ``identity()``."""
+    backend: str
+    """How the model was run (backend class and options, quantisation)."""
+    task: str
+    task_kwargs: dict[str, Any]
+    settings: dict[str, Any]
+    """``SETTING_FIELDS`` of the recording env."""
+    rounds: int
+    confidence: str
+    """The confidence source ``replay_env`` uses by default."""
+    confidence_sources: list[str]
+    """Every source whose tree is recorded (each episode's requests under it are all in the set)."""
+    streams: int
+    prompt_fingerprint: str
+    splits: dict[str, list[str]] = field(default_factory=dict)
+    """Recorded problem ids per split, in recording order."""
+    partial: bool = False
+    """True when rounds past the first were recorded on sampled branches only (``branch_limit``)."""
+    branch_limit: int | None = None
+    format: str = FORMAT
+    request_format: int = REQUEST_FORMAT
+    commands: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Coverage, tree sizes, accuracy per level and size (written by the recorder)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> ReplayCard:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ReplayError(f"{where} is not valid JSON ({error}); the replay set is damaged: record it again") from error
+        known = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ReplayError(f"{where} has format {found!r}, this package reads {FORMAT!r}")
+        missing = [name for name in ("name", "model", "task", "settings", "rounds", "streams") if name not in data]
+        if missing:
+            raise ReplayError(f"{where} lacks {missing}; the replay set is damaged: record it again")
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def config(self, **overrides: Any) -> DeliberationConfig:
+        """The recording's ``DeliberationConfig`` (its settings, rounds, default confidence and streams)."""
+        values: dict[str, Any] = {**self.settings, "max_rounds": self.rounds, "confidence": self.confidence,
+                                  "streams": self.streams}
+        values.update(overrides)
+        return DeliberationConfig(**values)
+
+
+def resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """The folder of a replay set: a path, a set shipped in the package, or ``hf://owner/name`` on the hub."""
+    text = os.fspath(name_or_path)
+    if text.startswith(HUB_PREFIX):
+        return _from_hub(text[len(HUB_PREFIX):])
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if re.fullmatch(r"[A-Za-z0-9_.-]+", text) and (SETS_DIR / text).is_dir():
+        return SETS_DIR / text
+    raise ReplayError(f"no replay set {text!r}: not a folder, not one of the shipped sets ({', '.join(shipped())}), "
+                      f"and not a hub id (write {HUB_PREFIX}owner/name)")
+
+
+def shipped() -> list[str]:
+    """The names of the replay sets shipped in the package."""
+    return sorted(p.name for p in SETS_DIR.iterdir() if (p / "card.json").is_file()) if SETS_DIR.is_dir() else []
+
+
+def _from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as error:  # pragma: no cover - huggingface_hub comes with `datasets`, a dependency
+        raise ReplayError("loading a replay set from the hub needs huggingface_hub (pip install huggingface_hub)") from error
+    try:
+        return Path(snapshot_download(repo_id=repo_id, repo_type="dataset"))
+    except LocalEntryNotFoundError as error:
+        raise ReplayError(f"replay set {HUB_PREFIX}{repo_id} is not in the local hub cache and the hub cannot be "
+                          "reached (offline?); download it once with network access, or pass a local folder") from error
+
+
+class ReplaySet:
+    """A loaded replay set: its card and its completions by ``request_key``."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = resolve(path)
+        card_file = self.path / "card.json"
+        if not card_file.is_file():
+            raise ReplayError(f"{self.path} has no card.json: not a replay set (record one with "
+                              "`python -m deliberation_env.record`)")
+        self.card = ReplayCard.from_json(card_file.read_text(encoding="utf-8"), str(card_file))
+        self.records: dict[str, dict[str, Any]] = {}
+        for record in read_records(self.path):
+            self.records[record["key"]] = record
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        return f"ReplaySet({self.card.name!r}, {len(self)} completions, splits {self.problem_counts()})"
+
+    def problem_counts(self) -> dict[str, int]:
+        return {split: len(ids) for split, ids in self.card.splits.items()}
+
+    def lookup(self, request: Request) -> Completion | None:
+        record = self.records.get(request_key(request))
+        return None if record is None else completion_for(request, record)
+
+    def check(self, task: Task, config: DeliberationConfig, split: str) -> list[Problem]:
+        """The recorded problems of ``split`` if this set serves every episode of ``task`` under ``config``;
+        else a ReplayError naming the first difference and the fix. Runs at env construction."""
+        card = self.card
+        where = f"replay set {card.name!r} ({self.path})"
+        if card.request_format != REQUEST_FORMAT:
+            raise ReplayError(f"{where} was recorded with request format {card.request_format}; this version of "
+                              f"deliberation_env derives format {REQUEST_FORMAT}: record the set again")
+        if getattr(task, "name", None) != card.task:
+            raise ReplayError(f"{where} records task {card.task!r}, not {getattr(task, 'name', task)!r}")
+        if prompt_fingerprint(task) != card.prompt_fingerprint:
+            raise ReplayError(f"{where} was recorded with other prompts (task_kwargs {card.task_kwargs}); build the "
+                              "env with deliberation_env.replay_env(), or record the set again for these prompts")
+        for name, recorded in card.settings.items():
+            if getattr(config, name) != recorded:
+                raise ReplayError(f"{where} was recorded with {name}={recorded!r}, the env has "
+                                  f"{name}={getattr(config, name)!r}; pass {name}={recorded!r} (replay_env() does)")
+        if config.max_rounds > card.rounds:
+            raise ReplayError(f"{where} holds {card.rounds} round(s); the env asks for max_rounds={config.max_rounds}")
+        if config.confidence not in card.confidence_sources:
+            raise ReplayError(f"{where} records confidence sources {card.confidence_sources}, not "
+                              f"{config.confidence!r}")
+        if config.streams != card.streams:
+            raise ReplayError(f"{where} holds {card.streams} stream(s) per problem; the env has streams={config.streams}")
+        if split not in card.splits:
+            raise ReplayError(f"{where} has no split {split!r}; it has {sorted(card.splits)}")
+        by_id = {problem.id: problem for problem in task.problems(split)}
+        problems = []
+        for problem_id in card.splits[split]:
+            problem = by_id.get(problem_id)
+            if problem is None:
+                raise ReplayError(f"{where} holds problem {problem_id!r}, which split {split!r} of the task does not "
+                                  f"have (task_kwargs {card.task_kwargs}); build the env with replay_env()")
+            core = Deliberation(task, config)
+            core.start(problem, 0)
+            if request_key(core.pending_requests()[0]) not in self.records:
+                raise ReplayError(f"{where}: the task's solve prompt for problem {problem_id!r} is not the recorded "
+                                  f"one (recorded with task_kwargs {card.task_kwargs}; replay_env() builds the task "
+                                  "with them); if the task's problems changed, record the set again")
+            problems.append(problem)
+        return problems
+
+
+def chunk_files(path: Path) -> list[Path]:
+    return sorted((path / "chunks").glob("*.jsonl.gz"))
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record of a set's finished chunks."""
+    for chunk in chunk_files(path):
+        with gzip.open(chunk, "rt", encoding="utf-8") as stream:
+            for line in stream:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def write_chunk(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Write a chunk file atomically (a reader never sees half of one). ``mtime=0`` keeps the bytes reproducible."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as stream:
+        for record in records:
+            stream.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
+    os.replace(partial, path)
+
+
+def write_card(path: Path, card: ReplayCard) -> None:
+    partial = path / "card.json.tmp"
+    partial.write_text(card.to_json(), encoding="utf-8")
+    os.replace(partial, path / "card.json")

@@ -1,0 +1,43 @@
+"""The human dataset card (README.md) of a replay set, written from its ``card.json``."""
+
+from __future__ import annotations
+
+import json
+
+from deliberation_env.replay.dataset import ReplayCard
+
+
+def card_markdown(card: ReplayCard) -> str:
+    stats = card.stats
+    lines = [
+        f"# Replay set `{card.name}`",
+        "",
+        "A real model's whole deliberation tree, recorded once with `deliberation_env` "
+        "(format: docs/replay.md of the project). Each line of `chunks/*.jsonl.gz` is one completion.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| model | `{card.model}` |",
+        f"| backend | `{card.backend}` |",
+        f"| task | `{card.task}` with `{json.dumps(card.task_kwargs)}` (prompt fingerprint `{card.prompt_fingerprint}`) |",
+        f"| env settings | `{json.dumps(card.settings)}`, {card.rounds} round(s) |",
+        f"| confidence sources | {', '.join(card.confidence_sources)} (replay default: {card.confidence}) |",
+        f"| streams | {card.streams} per problem (an episode seed picks stream `seed % {card.streams}`) |",
+        f"| coverage | {stats.get('coverage', '')}{' (partial)' if card.partial else ''} |",
+        f"| problems | {', '.join(f'{split}: {len(ids)}' for split, ids in card.splits.items())} |",
+        f"| completions | {stats.get('completions', 0):,} ({stats.get('bytes', 0) / 1e6:.1f} MB compressed) |",
+        f"| unique requests per problem, by round | {stats.get('requests_per_problem', {})} |",
+        f"| tokens per problem (prompt + completion) | {stats.get('tokens_per_problem', 0):,} |",
+        f"| recording time | {stats.get('recording_seconds', 0) / 3600:.2f} h |",
+        f"| request format | {card.request_format} ({card.format}) |",
+        "",
+        "Round-0 accuracy of single solutions, per level:",
+        "",
+        "| level | solves | accuracy |",
+        "|---|---|---|",
+    ]
+    for level, row in stats.get("solve_accuracy_by_level", {}).items():
+        lines.append(f"| {level} | {row['solves']} | {row['accuracy']:.3f} |")
+    lines += ["", "Problem ids per split are in `card.json` (`splits`). Made with:", ""]
+    lines += [f"    {command}" for command in card.commands]
+    return "\n".join(lines) + "\n"

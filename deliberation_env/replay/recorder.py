@@ -1,0 +1,199 @@
+"""Record a model's whole deliberation tree: every request reachable under any joint meta-action sequence.
+
+The walk drives the core state machine itself (``core.Deliberation``): a *path* is a problem, a sample
+stream, a confidence source and a prefix of joint actions. Each wave replays every open path from the
+start against what is recorded so far; the requests that are missing, deduplicated by ``request_key``
+across paths and problems, go to the backend in one ``generate`` call (the backend batches them). When
+no path of a depth misses anything, every path is extended by each legal joint action (CONCEDE only
+where the core offers a target), up to ``rounds`` rounds. Replaying a path from the start costs
+dictionary lookups, not generations.
+
+With 3 agents a state has up to 27 joint actions, so round r holds up to 27^r paths. Past the first
+round, ``branch_limit=K`` keeps K of each state's joint actions, drawn with a seeded generator (all-PERSIST
+and all-REFINE always among them): a documented, bounded tree, marked ``partial`` in the set's card.
+
+Nothing is lost on interruption: each backend answer is appended to ``chunks/<chunk>.partial.jsonl``
+at once, and a finished chunk becomes ``chunks/<chunk>.jsonl.gz`` (then the card lists its problems).
+A rerun skips finished chunks and reuses the partial file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, mix_seed
+from deliberation_env.replay.dataset import completion_for, record_of, request_key, rich_request
+from deliberation_env.tasks.base import Problem, Task
+
+Prefix = tuple[tuple[Action, ...], ...]
+
+
+@dataclass(frozen=True)
+class Walk:
+    """One path of the tree: a problem, a stream, a confidence source and the joint actions played so far."""
+
+    problem: Problem
+    stream: int
+    config: DeliberationConfig
+    prefix: Prefix = ()
+
+
+@dataclass
+class TreeStats:
+    """Unique requests per problem and per round (the tree's size), and paths per depth."""
+
+    requests: Counter = field(default_factory=Counter)
+    """(problem id, round) -> unique requests."""
+    paths: Counter = field(default_factory=Counter)
+    """depth -> number of paths (joint action prefixes over all problems, streams and sources)."""
+    generated: int = 0
+
+
+class TreeRecorder:
+    """Walks the deliberation trees of problems and records every completion (see the module docstring)."""
+
+    def __init__(self, task: Task, config: DeliberationConfig, backend: Backend, *, rounds: int,
+                 confidence_sources: Sequence[str], records: dict[str, dict[str, Any]] | None = None,
+                 branch_limit: int | None = None):
+        if config.streams is None:
+            raise ValueError("the recording config needs streams=S (the number of sample streams per problem)")
+        self.task, self.backend, self.rounds, self.branch_limit = task, backend, rounds, branch_limit
+        self.configs = [replace(config, confidence=source, max_rounds=rounds, early_stop=False)
+                        for source in confidence_sources]
+        self.records = {} if records is None else records
+
+    # ------------------------------------------------------------------ the walk
+    def record(self, problems: Sequence[Problem], split: str, on_generated: Callable[[list[dict]], None],
+               on_wave: Callable[[int, int], None] | None = None) -> TreeStats:
+        """Record the trees of ``problems`` (every stream and confidence source) into ``self.records``;
+        ``on_generated`` gets each batch of new records as soon as the backend answers."""
+        stats = TreeStats()
+        streams = range(self.configs[0].streams or 1)
+        paths = [Walk(p, s, c) for p in problems for s in streams for c in self.configs]
+        for depth in range(self.rounds + 1):
+            stats.paths[depth] += len(paths)
+            while True:
+                missing: dict[str, tuple[Request, dict[str, Any]]] = {}
+                ended = []
+                for path in paths:
+                    core, gaps = self._play(path)
+                    for request, place in gaps:
+                        missing.setdefault(request_key(request), (request, {**place, "split": split}))
+                    if not gaps:
+                        ended.append((path, core))
+                if not missing:
+                    break
+                if on_wave is not None:
+                    on_wave(depth, len(missing))
+                self._generate(list(missing.values()), on_generated)
+                stats.generated += len(missing)
+            if depth == self.rounds:
+                break
+            paths = [replace(path, prefix=path.prefix + (joint,))
+                     for path, core in ended if not core.done for joint in self._joint_actions(path, core)]
+        seen: set[str] = set()
+        for path in paths:
+            self._count(path, stats, seen)
+        return stats
+
+    def _play(self, path: Walk) -> tuple[Deliberation, list[tuple[Request, dict[str, Any]]]]:
+        """Drive the core along ``path`` on recorded completions; the requests it still lacks, if any."""
+        core = Deliberation(self.task, path.config)
+        core.start(path.problem, path.stream)
+        gaps = self._answer(core, path)
+        for actions in path.prefix:
+            if gaps:
+                break
+            core.begin_round(actions)
+            gaps = self._answer(core, path)
+            if not gaps:
+                core.finish_round()
+        return core, gaps
+
+    def _answer(self, core: Deliberation, path: Walk) -> list[tuple[Request, dict[str, Any]]]:
+        while requests := core.pending_requests():
+            found = [self.records.get(request_key(r)) for r in requests]
+            if any(record is None for record in found):
+                place = {"problem": path.problem.id, "stream": path.stream, "round": core.request_round}
+                return [(r, place) for r, record in zip(requests, found) if record is None]
+            core.receive([completion_for(r, record) for r, record in zip(requests, found)])  # type: ignore[arg-type]
+        return []
+
+    def _generate(self, missing: list[tuple[Request, dict[str, Any]]], on_generated) -> None:
+        rich = [rich_request(request) for request, _ in missing]
+        completions: list[Completion] = self.backend.generate(rich)
+        if len(completions) != len(rich):
+            raise RuntimeError(f"the backend answered {len(completions)} of {len(rich)} requests")
+        batch = [record_of(request, completion, **place)
+                 for request, completion, (_, place) in zip(rich, completions, missing)]
+        for record in batch:
+            self.records[record["key"]] = record
+        on_generated(batch)
+
+    def _joint_actions(self, path: Walk, core: Deliberation) -> list[tuple[Action, ...]]:
+        masks = core.action_masks()
+        joint = list(itertools.product(*[[Action(a) for a in range(len(Action)) if row[a]] for row in masks]))
+        if self.branch_limit is None or len(path.prefix) == 0 or len(joint) <= self.branch_limit:
+            return joint
+        everyone = [tuple([a] * len(masks)) for a in (Action.PERSIST, Action.REFINE)]
+        rest = [j for j in joint if j not in everyone]
+        seed = mix_seed(path.stream, len(path.prefix), *[int(a) for actions in path.prefix for a in actions])
+        keep = max(self.branch_limit - len(everyone), 0)
+        return everyone + random.Random(seed).sample(rest, min(keep, len(rest)))
+
+    def _count(self, path: Walk, stats: TreeStats, seen: set[str]) -> None:
+        """Add the unique requests of one leaf path to the per-problem, per-round counts (once per key)."""
+        core = Deliberation(self.task, path.config)
+        core.start(path.problem, path.stream)
+        rounds = [None, *path.prefix]
+        for actions in rounds:
+            if actions is not None:
+                core.begin_round(actions)
+            while requests := core.pending_requests():
+                for request in requests:
+                    key = request_key(request)
+                    if key not in seen:
+                        seen.add(key)
+                        stats.requests[path.problem.id, core.request_round] += 1
+                core.receive([completion_for(r, self.records[request_key(r)]) for r in requests])
+            if actions is not None:
+                core.finish_round()
+
+
+class PartialFile:
+    """The append-only file of a chunk's records so far (flushed per batch)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        records = []
+        with open(self.path, encoding="utf-8") as stream:
+            for line in stream:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut by a kill: it is generated again
+                    break
+        return records
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        with open(self.path, "a", encoding="utf-8") as stream:
+            for record in records:
+                stream.write(json.dumps(record, separators=(",", ":")) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,291 @@
+"""Replay sets: recording the whole tree, replaying it exactly, integrity, misses, resume and the shipped sets."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import deliberation_env
+from deliberation_env.backends.cache import CachedBackend
+from deliberation_env.backends.sim import SimBackend
+from deliberation_env.core.deliberation import CONFIDENCE_SOURCES
+from deliberation_env.record import main as record
+from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, ReplaySet, replay_env, shipped
+from deliberation_env.replay.dataset import HUB_PREFIX, read_records
+
+SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--agents", "3"]
+
+
+def same(a, b, path="") -> None:
+    """Deep equality of env outputs (dicts, tuples, arrays, numbers), naming the first difference."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            same(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{path}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b), path
+    else:
+        assert a == b and type(a) is type(b), (path, a, b)
+
+
+def play_all_joint_actions(replayed, live, problem_ids, seeds, rounds=1) -> int:
+    """Every joint action sequence of ``rounds`` rounds on both envs; returns the episodes compared."""
+    played = 0
+    joints = list(itertools.product(range(3), repeat=replayed.config.num_agents))
+    for problem_id, seed in itertools.product(problem_ids, seeds):
+        for sequence in itertools.product(joints, repeat=rounds):
+            options = {"problem_id": problem_id}
+            same(replayed.reset(seed=seed, options=options), live.reset(seed=seed, options=options))
+            for joint in sequence:
+                actions = {f"agent_{i}": action for i, action in enumerate(joint)}
+                same(replayed.step(actions), live.step(actions))
+            played += 1
+    return played
+
+
+@pytest.fixture(scope="module")
+def sim_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sets") / "sim-arith"
+    record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk", "3",
+            *SIM_FLAGS])
+    return out
+
+
+def sim_live(rounds=2, streams=2, **options):
+    options.setdefault("confidence", "critic_text")
+    return deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]}, backend="sim",
+                                         max_rounds=rounds, max_tokens=64, streams=streams, invalid_action="persist",
+                                         **options)
+
+
+def test_replay_equals_the_live_sim_for_every_joint_action_sequence_and_source(sim_set):
+    dataset = ReplaySet(sim_set)
+    assert dataset.card.splits == {"test": [f"arithmetic-test-{i}" for i in range(4)]}
+    assert len(list((sim_set / "chunks").glob("*.jsonl.gz"))) == 2  # chunks of 3 and 1 problems
+    for confidence in CONFIDENCE_SOURCES:
+        replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
+        assert replayed.config.streams == 2 and replayed.config.max_rounds == 2
+        played = play_all_joint_actions(replayed, sim_live(confidence=confidence), dataset.card.splits["test"][:2],
+                                        seeds=(0, 1), rounds=2)
+        assert played == 2 * 2 * 27**2
+        assert replayed.backends[0].misses == 0
+
+
+def test_seeds_pick_streams_deterministically(sim_set):
+    env = replay_env(sim_set)
+    texts = {}
+    for seed in range(6):
+        env.reset(seed=seed, options={"problem_index": 0})
+        texts[seed] = [agent.text for agent in env.deliberation.agents]
+        env.reset(seed=seed, options={"problem_index": 0})
+        assert [agent.text for agent in env.deliberation.agents] == texts[seed]
+    assert len({tuple(t) for t in texts.values()}) == 2  # two streams, both reached
+    assert env.deliberation.seed in {deliberation_env.core.deliberation.stream_seed(s) for s in (0, 1)}
+
+
+def test_the_env_plays_only_recorded_problems(sim_set):
+    env = replay_env(sim_set)
+    assert [p.id for p in env.problems] == [f"arithmetic-test-{i}" for i in range(4)]
+    for seed in range(20):
+        env.reset(seed=seed)
+        env.step({agent: int(env.np_random.integers(2)) for agent in env.agents})
+    assert env.backends[0].misses == 0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"max_tokens": 32}, "max_tokens=64"),
+    ({"max_rounds": 3}, "holds 2 round"),
+    ({"num_agents": 2}, "num_agents=3"),
+    ({"task_kwargs": {"levels": [0, 1], "prompt": "no_code"}}, "other prompts"),
+    ({"task_kwargs": {"levels": [2]}}, "not the recorded one"),
+    ({"split": "train"}, "no split 'train'"),
+    ({"streams": 3}, "2 stream"),
+])
+def test_settings_that_would_change_requests_fail_at_construction(sim_set, options, message):
+    options = {"task_kwargs": {"levels": [0, 1]}, "max_tokens": 64, "max_rounds": 2, "confidence": "critic", **options}
+    with pytest.raises(ReplayError, match=message):
+        deliberation_env.parallel_env(task="arithmetic", backend="replay", backend_kwargs={"dataset": str(sim_set)},
+                                      **options)
+
+
+def test_a_card_from_other_code_fails_loudly(sim_set, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(sim_set, copy)
+    card = json.loads((copy / "card.json").read_text())
+    card["request_format"] = 0
+    (copy / "card.json").write_text(json.dumps(card))
+    with pytest.raises(ReplayError, match="request format 0"):
+        replay_env(copy)
+    card["format"] = "something-else/9"
+    (copy / "card.json").write_text(json.dumps(card))
+    with pytest.raises(ReplayError, match="format 'something-else/9'"):
+        replay_env(copy)
+
+
+def test_a_miss_names_the_problem_round_agent_and_the_command(sim_set):
+    dataset = ReplaySet(sim_set)
+    env = sim_live(rounds=2)
+    env.begin_episode(seed=0, options={"problem_index": 7})  # a test problem the set does not hold
+    backend = ReplayBackend(dataset)
+    backend.split = "test"
+    with pytest.raises(ReplayMiss) as caught:
+        backend.generate(env.pending_requests())
+    text = str(caught.value)
+    for part in ("arithmetic-test-7", "round 0", "agent 0", "stream", "python -m deliberation_env.record", "fallback="):
+        assert part in text
+
+
+def test_a_fallback_fills_gaps_and_can_write_them_back(sim_set, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(sim_set, copy)
+    backend = ReplayBackend(ReplaySet(copy), fallback=SimBackend(), write_back=True)
+    env = sim_live(rounds=2)
+    env.begin_episode(seed=0, options={"problem_index": 7})
+    wanted = env.pending_requests()
+    assert len(wanted) == 3
+    filled = backend.generate(wanted)
+    assert backend.misses == len(wanted) and [c.text for c in filled] == [c.text for c in SimBackend().generate(wanted)]
+    again = ReplayBackend(ReplaySet(copy))  # the gaps were written as a chunk of their own
+    assert [c.text for c in again.generate(wanted)] == [c.text for c in filled] and again.misses == 0
+
+
+class FailingAfter:
+    """A real backend that fails on its N-th call (a killed recording)."""
+
+    def __init__(self, calls: int):
+        self.inner, self.calls, self.requests = SimBackend(), calls, 0
+
+    def identity(self) -> str:
+        return self.inner.identity()
+
+    def generate(self, requests):
+        self.calls -= 1
+        if self.calls < 0:
+            raise KeyboardInterrupt
+        self.requests += len(requests)
+        return self.inner.generate(requests)
+
+
+def test_an_interrupted_recording_resumes_and_loses_nothing(sim_set, tmp_path, monkeypatch):
+    flags = ["--split", "test", "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk", "3", *SIM_FLAGS]
+    from deliberation_env import cli
+
+    backends = [FailingAfter(5), FailingAfter(10**6)]
+    monkeypatch.setattr(cli.BackendSettings, "build", lambda self, check_servers=True: backends[0])
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        record(["--out", str(out), *flags])
+    partial = list((out / "chunks").glob("*.partial.jsonl"))
+    assert len(partial) == 1 and partial[0].read_text().count("\n") == backends[0].requests > 0
+    kept = partial[0].read_text().count("\n")
+    backends.pop(0)
+    record(["--out", str(out), *flags])
+    total = len(list(read_records(sim_set)))
+    assert backends[0].requests == total - kept  # nothing generated twice
+    assert not list((out / "chunks").glob("*.partial.jsonl"))
+    assert sorted(r["key"] for r in read_records(out)) == sorted(r["key"] for r in read_records(sim_set))
+    texts = {r["key"]: r["text"] for r in read_records(sim_set)}
+    assert all(texts[r["key"]] == r["text"] for r in read_records(out))
+
+
+def test_branch_limit_bounds_later_rounds_and_marks_the_set_partial(tmp_path):
+    out = tmp_path / "partial"
+    record(["--out", str(out), "--split", "test", "--problems", "0:2", "--rounds", "3", "--branch-limit", "4",
+            "--sources", "critic_text", *SIM_FLAGS])
+    card = ReplaySet(out).card
+    assert card.partial and card.branch_limit == 4
+    full = tmp_path / "full"
+    record(["--out", str(full), "--split", "test", "--problems", "0:2", "--rounds", "2", "--sources", "critic_text",
+            *SIM_FLAGS])
+    assert len(ReplaySet(out)) < 27 * 4 * 2 * 30
+    rounds = ReplaySet(full).card.stats["requests_per_problem"]
+    assert float(rounds["2"]) > float(rounds["1"])  # the tree grows with the rounds
+
+
+def test_records_are_plain_jsonl_readable_without_the_package(sim_set):
+    chunk = sorted((sim_set / "chunks").glob("*.jsonl.gz"))[0]
+    with gzip.open(chunk, "rt") as stream:
+        first = json.loads(stream.readline())
+    assert {"key", "problem", "stream", "round", "agent", "kind", "text", "token_logprobs"} <= set(first)
+    card = json.loads((sim_set / "card.json").read_text())
+    assert card["streams"] == 2 and card["task"] == "arithmetic"
+    assert "Replay set" in (sim_set / "README.md").read_text()
+
+
+def test_hub_ids_load_from_the_local_hub_cache_offline(sim_set, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    repo = cache / "datasets--someone--sim-arith"
+    revision = "0" * 40
+    shutil.copytree(sim_set, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    assert ReplaySet(f"{HUB_PREFIX}someone/sim-arith").card.splits == ReplaySet(sim_set).card.splits
+    with pytest.raises(ReplayError, match="not in the local hub cache"):
+        ReplaySet(f"{HUB_PREFIX}someone/absent")
+
+
+def test_unknown_names_list_the_shipped_sets():
+    with pytest.raises(ReplayError, match="shipped sets"):
+        ReplaySet("no-such-set")
+
+
+@pytest.mark.parametrize("name", shipped())
+def test_every_shipped_set_replays_without_a_miss(name):
+    dataset = ReplaySet(name)
+    for split in dataset.card.splits:
+        for confidence in dataset.card.confidence_sources:
+            env = replay_env(dataset, split=split, confidence=confidence)
+            rng = np.random.default_rng(0)
+            for episode in range(30):
+                env.reset(seed=episode)
+                while env.agents:
+                    masks = {a: env.deliberation.action_mask(i) for i, a in enumerate(env.agents)}
+                    env.step({a: int(rng.choice(np.flatnonzero(m))) for a, m in masks.items()})
+            assert env.backends[0].misses == 0
+
+
+@pytest.mark.model
+def test_replay_equals_the_live_model_smollm2(tmp_path):
+    """Record 2 problems of SmolLM2, then every joint action x 2 seeds x every confidence source, replay vs live.
+
+    Both sides decode one request at a time in float32, so that batching cannot move a float; the live side goes
+    through a SQLite cache of its own (its requests ask for other log-probabilities than the recording's)."""
+    from deliberation_env.backends.models import smollm2_gguf_path
+    from deliberation_env.backends.transformers import TransformersBackend
+
+    model = TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=1)
+    from deliberation_env import cli
+
+    out = tmp_path / "smol"
+    original = cli.BackendSettings.build
+    try:
+        cli.BackendSettings.build = lambda self, check_servers=True: model
+        record(["--out", str(out), "--split", "test", "--problems", "0:2", "--task-option", "levels=[0,1]",
+                "--max-tokens", "16", "--env-option", "critic_max_tokens=4", "--backend", "transformers",
+                "--model", "smollm2"])
+    finally:
+        cli.BackendSettings.build = original
+    live_backend = CachedBackend(model, str(tmp_path / "live.sqlite"))
+    dataset = ReplaySet(out)
+    for confidence in CONFIDENCE_SOURCES:
+        replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
+        live = deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]}, backend=live_backend,
+                                             max_rounds=1, max_tokens=16, critic_max_tokens=4, streams=1,
+                                             confidence=confidence, invalid_action="persist")
+        assert play_all_joint_actions(replayed, live, dataset.card.splits["test"], seeds=(0, 1)) == 2 * 2 * 27
+        assert replayed.backends[0].misses == 0
