@@ -31,7 +31,7 @@ from deliberation_env.backends.base import Request  # noqa: E402
 from deliberation_env.backends.cache import CachedBackend  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
 from deliberation_env.backends.openai import OpenAICompatibleBackend  # noqa: E402
-from deliberation_env.calibrate import auroc  # noqa: E402
+from deliberation_env.metrics import auroc  # noqa: E402
 from deliberation_env.vector import BatchedEnvs  # noqa: E402
 
 SOURCES = ("answer_logprobs", "critic", "critic_text")

@@ -28,6 +28,7 @@ from scipy import optimize, stats
 
 from deliberation_env.backends.sim import SimConfig, problem_difficulty, solve_probability
 from deliberation_env.core.features import text_profile
+from deliberation_env.metrics import auroc
 from deliberation_env.traces import Episode, TraceError, read_traces
 
 MIN_EVENTS = 20
@@ -218,14 +219,6 @@ def _fit_refine(events: Events, config: SimConfig, notes: dict[str, Any]) -> dic
     best = min((optimize.minimize(loss, s, method="L-BFGS-B", bounds=[(0, 1)] * len(free)) for s in starts),
                key=lambda r: r.fun)
     return {name: round(float(value), 4) for name, value in zip(free, best.x)}
-
-
-def auroc(confidence_right: Sequence[float], confidence_wrong: Sequence[float]) -> float:
-    """P(a right answer's confidence > a wrong one's), ties half: NaN without both kinds."""
-    if len(confidence_right) == 0 or len(confidence_wrong) == 0:
-        return float("nan")
-    u = stats.mannwhitneyu(confidence_right, confidence_wrong, alternative="two-sided").statistic
-    return float(u) / (len(confidence_right) * len(confidence_wrong))
 
 
 def _fit_confidence(events: Events, base: SimConfig, notes: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
-from deliberation_env.calibrate import auroc
+from deliberation_env.metrics import auroc, spearman
 from deliberation_env.traces import Episode, TraceWriter, read_traces
 
 
@@ -134,13 +133,6 @@ def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: 
     (outdir / "report.md").write_text(report, encoding="utf-8")
     _plot(labels, real, sim, rho, outdir / "report.png")
     return report
-
-
-def spearman(real: Sequence[float], sim: Sequence[float]) -> float:
-    """Spearman's rank correlation (NaN with fewer than 3 protocols or a constant side)."""
-    if len(real) < 3 or len(set(real)) < 2 or len(set(sim)) < 2:
-        return float("nan")
-    return float(stats.spearmanr(real, sim).statistic)
 
 
 def _fmt(value: float) -> str:

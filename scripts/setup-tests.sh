@@ -3,10 +3,18 @@
 # the CPU build of torch, the package with its dev extra, the real small model, the llama.cpp server the
 # backend tests start on 127.0.0.1, and bubblewrap for the HumanEval sandbox. Safe to re-run: what is
 # already installed is kept. Usage: bash scripts/setup-tests.sh && python -m pytest -q
+# Versions come from constraints-tests.txt (what the suite passes with); DELIBERATION_ENV_LATEST=1 takes the
+# newest releases instead, to see drift on purpose (then scripts/lock-tests.sh records a green set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${DELIBERATION_ENV_LATEST:-0}" = 1 ]; then
+    export PIP_CONSTRAINT=
+    echo "setup-tests.sh: newest releases (DELIBERATION_ENV_LATEST=1), not constraints-tests.txt" >&2
+else
+    export PIP_CONSTRAINT="$PWD/constraints-tests.txt"
+fi
 
-python -m pip install -q --upgrade pip
+PIP_CONSTRAINT= python -m pip install -q --upgrade pip
 # The CPU build of torch first, so that nothing pulls a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[dev]"
