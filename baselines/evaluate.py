@@ -4,8 +4,8 @@ Every entry plays test problems ``problem_index = 0..P-1`` with episode seed
 ``seed * 100003 + index`` for each evaluation seed (the seeding of ``bench/protocols.py``).
 Reported per entry: accuracy (final consensus correct, ``infos["consensus_correct"]``; for
 environments without it, the mean per-agent episode return as ``score``), tokens per problem
-(sum of ``infos["tokens"]``), meta-action shares, each as the mean over seeds with a 95%
-t-interval half-width across seeds. Learned policies act greedily unless ``--sample``.
+(sum of ``infos["tokens"]``), meta-action shares, each as the mean over all episodes; accuracy, score and
+tokens with a 95% per-problem bootstrap interval (``summarize``). Learned policies act greedily unless ``--sample``.
 
     python -m baselines.evaluate --checkpoints sft=runs/x/sft/policy.pt softrankpo=runs/x/policy.pt \\
         --protocols all --problems 200 --seeds 0 1 --out runs/x/eval --metrics runs/x
@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from baselines.common import Policy, load_checkpoint, load_policy, policy_threads, torch_threads
 from baselines.logger import read_metrics
@@ -38,6 +37,7 @@ from deliberation_env.cli import (
     report_user_errors,
     user_input,
 )
+from deliberation_env.metrics import bootstrap_interval
 
 ACTION_NAMES = ("persist", "refine", "concede")
 
@@ -123,21 +123,37 @@ def seed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     return result
 
 
+def play_records(env: Any, actor: Actor, problems: int, seed: int,
+                 index_option: str | None = "problem_index") -> list[dict[str, Any]]:
+    """One evaluation seed on one env, problem after problem: one record per problem (see ``play_episodes``)."""
+    return play_episodes([env], [actor], [(episode_seed(seed, index), index) for index in range(problems)], index_option)
+
+
 def play(env: Any, actor: Actor, problems: int, seed: int, index_option: str | None = "problem_index") -> dict[str, float]:
-    """One evaluation seed on one env, problem after problem: accuracy (or score), tokens per problem and
-    action shares (``evaluate_entries`` plays many problems at once and gives the same numbers)."""
-    episodes = [(episode_seed(seed, index), index) for index in range(problems)]
-    return seed_metrics(play_episodes([env], [actor], episodes, index_option))
+    """One evaluation seed's metrics (``seed_metrics`` of ``play_records``; ``evaluate_entries`` plays many problems
+    at once and gives the same numbers)."""
+    return seed_metrics(play_records(env, actor, problems, seed, index_option))
 
 
-def summarize(name: str, runs: Sequence[dict[str, float]]) -> dict[str, Any]:
-    """Mean and 95% t-interval half-width across seeds for every metric."""
-    row: dict[str, Any] = {"name": name, "seeds": len(runs)}
+def summarize(name: str, seed_records: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """One row from each evaluation seed's episode records (the same problems, in the same order, per seed): the
+    mean of every metric over all episodes, and for accuracy, score and tokens a 95% interval from a per-problem
+    bootstrap (each problem's value averaged over the seeds, problems resampled): ``{key}_low``, ``{key}_high``
+    and ``{key}_ci`` (half its width, for plots). Seeds of one problem are not independent draws, so they are
+    never counted as separate samples."""
+    runs = [seed_metrics(records) for records in seed_records]
+    row: dict[str, Any] = {"name": name, "seeds": len(runs), "problems": len(seed_records[0])}
+    per_problem = {
+        "accuracy": np.mean([[np.nan if r["correct"] is None else float(r["correct"]) for r in records]
+                             for records in seed_records], axis=0),
+        "score": np.mean([[r["reward"] / r["agents"] for r in records] for records in seed_records], axis=0),
+        "tokens": np.mean([[r["tokens"] for r in records] for records in seed_records], axis=0),
+    }
     for key in runs[0]:
-        values = np.array([r[key] for r in runs], dtype=float)
-        row[key] = float(values.mean())
-        half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
-        row[f"{key}_ci"] = float(half)
+        row[key] = float(np.mean([r[key] for r in runs]))
+        if key in per_problem:
+            low, high = bootstrap_interval(per_problem[key])
+            row[f"{key}_low"], row[f"{key}_high"], row[f"{key}_ci"] = low, high, (high - low) / 2
     return row
 
 
@@ -158,7 +174,7 @@ def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[]
         envs = [make_env() for _ in range(min(batch_size, len(episodes)))]
         before = (cache.stats.hits, cache.stats.misses) if cache is not None else (0, 0)
         records = play_episodes(envs, [make_actor() for _ in envs], episodes, index_option)
-        row = summarize(name, [seed_metrics(records[i * problems : (i + 1) * problems]) for i in range(len(seeds))])
+        row = summarize(name, [records[i * problems : (i + 1) * problems] for i in range(len(seeds))])
         if cache is not None:
             row.update(cache_hits=cache.stats.hits - before[0], cache_misses=cache.stats.misses - before[1])
         rows.append(row)
@@ -209,11 +225,20 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     foreign = all(np.isnan(r["accuracy"]) for r in rows)
     head = "score (mean return)" if foreign else "accuracy"
     key = "score" if foreign else "accuracy"
-    lines = [f"| policy | {head} | tokens / problem | PERSIST | REFINE | CONCEDE | seeds |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| policy | {head} [95% CI] | tokens / problem [95% CI] | PERSIST | REFINE | CONCEDE | problems x seeds |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['name']} | {r[key]:.3f} ± {r[key + '_ci']:.3f} | {r['tokens']:.0f} ± {r['tokens_ci']:.0f} | "
-                     f"{r['p_persist']:.2f} | {r['p_refine']:.2f} | {r['p_concede']:.2f} | {r['seeds']} |")
+        lines.append(f"| {r['name']} | {r[key]:.3f} {_interval(r, key, '.3f')} | {r['tokens']:.0f} "
+                     f"{_interval(r, 'tokens', '.0f')} | {r['p_persist']:.2f} | {r['p_refine']:.2f} | "
+                     f"{r['p_concede']:.2f} | {r.get('problems', '?')} x {r['seeds']} |")
     return "\n".join(lines)
+
+
+def _interval(row: dict[str, Any], key: str, spec: str) -> str:
+    """``[low, high]`` when the row has them, else ``± half-width``."""
+    if f"{key}_low" in row:
+        return f"[{row[f'{key}_low']:{spec}}, {row[f'{key}_high']:{spec}}]"
+    return f"± {row[f'{key}_ci']:{spec}}"
 
 
 def save_table(rows: Sequence[dict[str, Any]], out: str, stem: str = "table") -> str:

@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         start = time.time()
         table = evaluate_run(algo, cfg, cfg.out, options, backend)
         print(f"\nTest split, {options.eval_problems} problems x {options.eval_seeds} seeds "
-              f"(mean ± 95% CI across seeds; evaluated in {time.time() - start:.0f}s):\n{table}")
+              f"(mean over all episodes, 95% per-problem bootstrap intervals; evaluated in {time.time() - start:.0f}s):\n{table}")
         print(f"saved {os.path.join(cfg.out, 'eval')}/table.md, table.csv, accuracy_vs_tokens.png, learning_curves.png")
     close = getattr(backend, "close", None)
     if callable(close):

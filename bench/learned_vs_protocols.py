@@ -5,7 +5,7 @@
 For each seed s: train SFT -> SoftRankPO with ``--seed s`` and, as a control without oracle
 labels, SoftRankPO from scratch (``sft_episodes=0``, same RL budget) (two runs in parallel);
 then evaluate the SFT policy, both SoftRankPO policies and every fixed protocol on test
-problems 0..P-1 with evaluation seed s. Mean ± 95% t-interval across the seeds. Saves
+problems 0..P-1 with evaluation seed s. Means over all episodes, 95% per-problem bootstrap intervals. Saves
 bench/results/learned_vs_protocols.{md,csv}, accuracy_vs_tokens PNG and learning curves.
 """
 
@@ -18,7 +18,14 @@ from concurrent.futures import ProcessPoolExecutor
 
 from _results import RESULTS, command_line
 
-from baselines.evaluate import PolicyActor, play, plot_accuracy_vs_tokens, plot_learning_curves, save_table, summarize
+from baselines.evaluate import (
+    PolicyActor,
+    play_records,
+    plot_accuracy_vs_tokens,
+    plot_learning_curves,
+    save_table,
+    summarize,
+)
 from baselines.protocols import PROTOCOLS, make_protocol
 from baselines.softrankpo import SoftRankPOConfig, train
 
@@ -55,11 +62,11 @@ def main() -> None:
                "softrankpo": [os.path.join(o, "policy.pt") for o in outs],
                "softrankpo (no SFT)": [os.path.join(o, "policy.pt") for o in scratch_outs]}
     for name, paths in learned.items():
-        runs = [play(env, PolicyActor(load_policy(p)), args.problems, s) for s, p in zip(args.seeds, paths)]
+        runs = [play_records(env, PolicyActor(load_policy(p)), args.problems, s) for s, p in zip(args.seeds, paths)]
         rows.append(summarize(name, runs))
     for proto in PROTOCOLS:
         proto_env = deliberation_env.parallel_env(split="test", num_agents=1) if proto == "single" else env
-        rows.append(summarize(proto, [play(proto_env, make_protocol(proto), args.problems, s) for s in args.seeds]))
+        rows.append(summarize(proto, [play_records(proto_env, make_protocol(proto), args.problems, s) for s in args.seeds]))
     table = save_table(rows, RESULTS, "learned_vs_protocols")
     print(f"\nTest split, {args.problems} problems, seeds {args.seeds} (train seed = eval seed for learned rows):")
     print(table)

@@ -34,6 +34,12 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def bootstrap_interval(values: Sequence[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap 95% interval of the mean of ``values`` (items resampled; NaN when empty or NaN)."""
+    _, low, high = paired_bootstrap(values, np.zeros(len(values)), resamples, seed)
+    return low, high
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = 4000,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``a - b`` over paired items (problems) and its percentile bootstrap 95% interval."""

@@ -42,3 +42,21 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and os.environ.get("DELIBERATION_ENV_NO_SKIP") == "1":
         report.outcome = "failed"
         report.longrepr = f"skipped, but DELIBERATION_ENV_NO_SKIP=1 forbids skips: {report.longrepr}"
+
+
+# Markers by what a test needs (CONTRIBUTING.md names the fast subset): a file's tests need its component, and
+# a test that takes the llama.cpp server fixture needs a server.
+_FILE_MARKERS = {
+    "test_backend_transformers.py": ("model",), "test_train_llm.py": ("model",),
+    "test_backend_openai.py": ("server",), "test_backend_async_openai.py": ("server",),
+    "test_backend_faults_openai.py": ("server",), "test_cli_backends.py": ("server", "model"),
+    "test_sandbox.py": ("sandbox",), "test_humaneval.py": ("sandbox",), "test_distributed.py": ("ray",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in _FILE_MARKERS.get(item.path.name, ()):
+            item.add_marker(name)
+        if "llama_url" in getattr(item, "fixturenames", ()):
+            item.add_marker("server")
