@@ -21,6 +21,9 @@ class BaseConfig:
 
     task: str = "arithmetic"
     """deliberation_env task (ignored when train() gets an env_fn for another environment)."""
+    replay: str | None = None
+    """A replay set (shipped name, folder or hf://owner/name): train and evaluate on a real model's recorded behaviour
+    with the set's own settings (task, prompts, agents, rounds, tokens); replaces task, backend and their options."""
     backend: str = "sim"
     """deliberation_env backend: sim, transformers or openai (ignored with an env_fn)."""
     model: str | None = None
@@ -101,6 +104,15 @@ class BaseConfig:
             raise ValueError("--ray-address needs --num-workers N (N >= 1 Ray rollout workers)")
 
 
+def build_backend(cfg: BaseConfig) -> Any:
+    """The backend object every env of a run shares: the replay set's, or the one the backend flags describe."""
+    if cfg.replay:
+        from deliberation_env.replay import ReplayBackend
+
+        return ReplayBackend(cfg.replay)
+    return backend_settings(cfg).build()
+
+
 def backend_settings(cfg: BaseConfig) -> BackendSettings:
     """The backend a config describes (``build()`` makes it)."""
     return BackendSettings(backend=cfg.backend, model=cfg.model, base_url=tuple(cfg.base_url), cache=cfg.cache,
@@ -108,9 +120,17 @@ def backend_settings(cfg: BaseConfig) -> BackendSettings:
 
 
 def env_kwargs(cfg: BaseConfig, split: str) -> dict[str, Any]:
-    """``deliberation_env.parallel_env`` keywords of the config, except the backend."""
-    kwargs: dict[str, Any] = {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds,
-                              "split": split, "data_dir": cfg.data_dir}
+    """``deliberation_env.parallel_env`` keywords of the config, except the backend (a replay set's own settings
+    with ``replay``)."""
+    if cfg.replay:
+        from deliberation_env.replay import env_settings, load_card
+
+        kwargs: dict[str, Any] = {**env_settings(load_card(cfg.replay)), "split": split, "data_dir": cfg.data_dir}
+        if cfg.token_cost:
+            kwargs["reward_weights"] = {"tokens": cfg.token_cost}
+        return {**kwargs, **cfg.env_options}
+    kwargs = {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds,
+              "split": split, "data_dir": cfg.data_dir}
     if cfg.token_cost:
         kwargs["reward_weights"] = {"tokens": cfg.token_cost}
     kwargs.update(cfg.env_options)
@@ -130,7 +150,7 @@ class EnvFactory:
         import deliberation_env
 
         if self.backend is None:
-            self.backend = backend_settings(self.cfg).build()
+            self.backend = build_backend(self.cfg)
         return deliberation_env.parallel_env(backend=self.backend, **env_kwargs(self.cfg, self.split))
 
     def __getstate__(self) -> dict[str, Any]:

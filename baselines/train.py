@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from baselines.common import Policy, load_checkpoint
-from baselines.config import add_config_arguments, backend_settings, config_from_args, env_kwargs, make_env_fn
+from baselines.config import add_config_arguments, build_backend, config_from_args, env_kwargs, make_env_fn
 from deliberation_env.cli import (
     BACKEND_FLAGS,
     ArgumentParser,
@@ -103,11 +103,14 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     if os.path.exists(os.path.join(out, "sft", "policy.pt")):
         checkpoints["sft"] = os.path.join(out, "sft", "policy.pt")
     checkpoints[algo] = os.path.join(out, "policy.pt")
-    backend = backend if backend is not None else backend_settings(cfg).build()
+    backend = backend if backend is not None else build_backend(cfg)
     kwargs = {**env_kwargs(cfg, "test"), "backend": backend}
+    # A replay set is recorded with its agents: a one-agent env would ask for other requests (single is the first
+    # agent's round-0 answer there; bench/replay_benchmark.py reports it from the tree).
+    protocols = [p for p in PROTOCOLS if not (cfg.replay and p == "single")]
     trace = evaluate.open_trace(options.trace)
     try:
-        entries = evaluate.standard_entries(checkpoints, PROTOCOLS, kwargs, threads=cfg.threads, trace=trace)
+        entries = evaluate.standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
         rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)),
                                          batch_size=cfg.num_envs, cache=backend if cfg.cache else None)
     finally:
@@ -155,13 +158,17 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         with user_input(f"--ray-address {cfg.ray_address}" if cfg.ray_address else "starting a local Ray instance"):
             connect(cfg.ray_address)
     with user_input():
-        backend = backend_settings(cfg).build()
+        backend = build_backend(cfg)
         env_fn = make_env_fn(cfg, "train", backend)
         env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
         if options.evaluate:
             from baselines.evaluate import check_problem_count
 
-            check_problem_count(make_env_fn(cfg, "test", backend)(), options.eval_problems)
+            test_env = make_env_fn(cfg, "test", backend)()
+            if cfg.replay and len(test_env.problems) < options.eval_problems:
+                print(f"the replay set's test split has {len(test_env.problems)} problems: evaluating on all of them")
+                options = replace(options, eval_problems=len(test_env.problems))
+            check_problem_count(test_env, options.eval_problems)
             if options.trace:
                 open(options.trace, "a").close()  # a trace file that cannot be written fails now, not after training
         os.makedirs(cfg.out, exist_ok=True)

@@ -6,6 +6,11 @@ Both envs run the same loop in the same process: reset with a seed, then random 
 actions drawn from the action masks until the episode ends (3 agents, 3 rounds for ours).
 A "round" is one ``step`` call; resets are included in the time. Prints rounds/s of each
 and their ratio (ours / rps_v2).
+
+    python bench/env_throughput.py --replay qwen05-arith
+
+With ``--replay SET`` it measures instead the replay env of that set against the sim env with the same settings
+(task, levels, agents, rounds, tokens), side by side: the target is replay >= 1.0x the sim.
 """
 
 from __future__ import annotations
@@ -52,7 +57,10 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ours-only", action="store_true", help="skip rps_v2 (to profile our env alone); no ratio")
+    parser.add_argument("--replay", default=None, metavar="SET", help="compare the replay env of SET with the sim")
     args = parser.parse_args()
+    if args.replay:
+        return compare_replay(args.replay, args.seconds)
     ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", num_agents=args.agents, max_rounds=args.rounds)
     print(f"config: task=arithmetic backend=sim agents={args.agents} rounds={args.rounds} seconds={args.seconds}")
     ours_rate, ours_rounds = rounds_per_second(ours, args.seconds)
@@ -62,6 +70,25 @@ def main() -> None:
     floor_rate, floor_rounds = rounds_per_second(rps_v2.parallel_env(max_cycles=args.rounds), args.seconds)
     print(f"pettingzoo rps_v2     : {floor_rate:10.0f} rounds/s  ({floor_rounds} rounds)")
     print(f"ratio ours / rps_v2   : {ours_rate / floor_rate:10.3f}")
+
+
+def compare_replay(name: str, seconds: float) -> None:
+    from deliberation_env.replay import ReplaySet, replay_env
+
+    dataset = ReplaySet(name)
+    card = dataset.card
+    settings = {k: v for k, v in card.settings.items() if k != "num_agents"}
+    sim = deliberation_env.parallel_env(task=card.task, task_kwargs=card.task_kwargs, backend="sim",
+                                        num_agents=card.settings["num_agents"], max_rounds=card.rounds,
+                                        confidence=card.confidence, **settings)
+    replay = replay_env(dataset, split=next(iter(card.splits)))
+    print(f"config: {card.name} ({len(dataset)} completions), agents={card.settings['num_agents']} "
+          f"rounds={card.rounds} seconds={seconds}")
+    sim_rate, _ = rounds_per_second(sim, seconds)
+    replay_rate, _ = rounds_per_second(replay, seconds)
+    print(f"sim    : {sim_rate:10.0f} rounds/s")
+    print(f"replay : {replay_rate:10.0f} rounds/s")
+    print(f"ratio replay / sim : {replay_rate / sim_rate:10.3f}")
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def play_all_joint_actions(replayed, live, problem_ids, seeds, rounds=1) -> int:
 @pytest.fixture(scope="module")
 def sim_set(tmp_path_factory):
     out = tmp_path_factory.mktemp("sets") / "sim-arith"
-    record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk", "3",
-            *SIM_FLAGS])
+    for split in ("test", "train"):  # the second split goes into the same set
+        record(["--out", str(out), "--split", split, "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk",
+                "3", *SIM_FLAGS])
     return out
 
 
@@ -69,8 +70,8 @@ def sim_live(rounds=2, streams=2, **options):
 
 def test_replay_equals_the_live_sim_for_every_joint_action_sequence_and_source(sim_set):
     dataset = ReplaySet(sim_set)
-    assert dataset.card.splits == {"test": [f"arithmetic-test-{i}" for i in range(4)]}
-    assert len(list((sim_set / "chunks").glob("*.jsonl.gz"))) == 2  # chunks of 3 and 1 problems
+    assert dataset.card.splits == {split: [f"arithmetic-{split}-{i}" for i in range(4)] for split in ("test", "train")}
+    assert len(list((sim_set / "chunks").glob("test-*.jsonl.gz"))) == 2  # chunks of 3 and 1 problems
     for confidence in CONFIDENCE_SOURCES:
         replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
         assert replayed.config.streams == 2 and replayed.config.max_rounds == 2
@@ -107,7 +108,6 @@ def test_the_env_plays_only_recorded_problems(sim_set):
     ({"num_agents": 2}, "num_agents=3"),
     ({"task_kwargs": {"levels": [0, 1], "prompt": "no_code"}}, "other prompts"),
     ({"task_kwargs": {"levels": [2]}}, "not the recorded one"),
-    ({"split": "train"}, "no split 'train'"),
     ({"streams": 3}, "2 stream"),
 ])
 def test_settings_that_would_change_requests_fail_at_construction(sim_set, options, message):
@@ -121,6 +121,10 @@ def test_a_card_from_other_code_fails_loudly(sim_set, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(sim_set, copy)
     card = json.loads((copy / "card.json").read_text())
+    card["splits"].pop("train")
+    (copy / "card.json").write_text(json.dumps(card))
+    with pytest.raises(ReplayError, match="no split 'train'"):
+        replay_env(copy, split="train")
     card["request_format"] = 0
     (copy / "card.json").write_text(json.dumps(card))
     with pytest.raises(ReplayError, match="request format 0"):
@@ -177,6 +181,7 @@ class FailingAfter:
 
 def test_an_interrupted_recording_resumes_and_loses_nothing(sim_set, tmp_path, monkeypatch):
     flags = ["--split", "test", "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk", "3", *SIM_FLAGS]
+    expected = sorted(r["key"] for r in read_records(sim_set) if r["split"] == "test")
     from deliberation_env import cli
 
     backends = [FailingAfter(5), FailingAfter(10**6)]
@@ -189,10 +194,9 @@ def test_an_interrupted_recording_resumes_and_loses_nothing(sim_set, tmp_path, m
     kept = partial[0].read_text().count("\n")
     backends.pop(0)
     record(["--out", str(out), *flags])
-    total = len(list(read_records(sim_set)))
-    assert backends[0].requests == total - kept  # nothing generated twice
+    assert backends[0].requests == len(expected) - kept  # nothing generated twice
     assert not list((out / "chunks").glob("*.partial.jsonl"))
-    assert sorted(r["key"] for r in read_records(out)) == sorted(r["key"] for r in read_records(sim_set))
+    assert sorted(r["key"] for r in read_records(out)) == expected
     texts = {r["key"]: r["text"] for r in read_records(sim_set)}
     assert all(texts[r["key"]] == r["text"] for r in read_records(out))
 
@@ -289,3 +293,14 @@ def test_replay_equals_the_live_model_smollm2(tmp_path):
                                              confidence=confidence, invalid_action="persist")
         assert play_all_joint_actions(replayed, live, dataset.card.splits["test"], seeds=(0, 1)) == 2 * 2 * 27
         assert replayed.backends[0].misses == 0
+
+
+def test_one_command_trains_and_evaluates_on_a_replay_set(sim_set, tmp_path, capsys):
+    from baselines.train import main as train
+
+    train(["--replay", str(sim_set), "--episodes", "256", "--no-progress", "--no-tensorboard", "--out",
+           str(tmp_path / "run"), "--eval-seeds", "1"])
+    table = (tmp_path / "run" / "eval" / "table.md").read_text()
+    assert "| softrankpo |" in table and "| debate |" in table and "| single |" not in table
+    assert "4 x 1" in table  # every recorded test problem, once
+    assert "evaluating on all of them" in capsys.readouterr().out

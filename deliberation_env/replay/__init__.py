@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from deliberation_env.replay.backend import ReplayBackend, ReplayMiss
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, shipped
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings, load_card, shipped
 
 
 def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test", *, fallback: Any = None,
@@ -17,15 +17,9 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test",
     from deliberation_env import parallel_env
 
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
-    card = replay.card
-    settings: dict[str, Any] = dict(card.settings)
-    num_agents = settings.pop("num_agents")
-    options.setdefault("max_rounds", card.rounds)
-    options.setdefault("confidence", card.confidence)
-    for name, value in settings.items():
-        options.setdefault(name, value)
-    return parallel_env(task=card.task, backend=ReplayBackend(replay, fallback=fallback), num_agents=num_agents,
-                        split=split, data_dir=data_dir, task_kwargs=dict(card.task_kwargs), **options)
+    kwargs = {**env_settings(replay.card), **options}
+    return parallel_env(backend=ReplayBackend(replay, fallback=fallback), split=split, data_dir=data_dir, **kwargs)
 
 
-__all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "replay_env", "shipped"]
+__all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "env_settings", "load_card", "replay_env",
+           "shipped"]

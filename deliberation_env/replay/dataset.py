@@ -170,6 +170,21 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
                       f"and not a hub id (write {HUB_PREFIX}owner/name)")
 
 
+def load_card(name_or_path: str | os.PathLike[str]) -> ReplayCard:
+    """A replay set's card alone (without reading its completions)."""
+    path = resolve(name_or_path) / "card.json"
+    if not path.is_file():
+        raise ReplayError(f"{path.parent} has no card.json: not a replay set")
+    return ReplayCard.from_json(path.read_text(encoding="utf-8"), str(path))
+
+
+def env_settings(card: ReplayCard) -> dict[str, Any]:
+    """The ``parallel_env`` keywords that reproduce a set's recording (task, prompts, agents, rounds, sampling)."""
+    settings = dict(card.settings)
+    return {"task": card.task, "task_kwargs": dict(card.task_kwargs), "num_agents": settings.pop("num_agents"),
+            "max_rounds": card.rounds, "confidence": card.confidence, **settings}
+
+
 def shipped() -> list[str]:
     """The names of the replay sets shipped in the package."""
     return sorted(p.name for p in SETS_DIR.iterdir() if (p / "card.json").is_file()) if SETS_DIR.is_dir() else []
