@@ -312,8 +312,8 @@ def policy_update(team: Any, optimizer: Any, samples: Sequence[Sample], adv: np.
                 ref, _ = team.logprobs(agent, *_inputs(samples, rows), reference=True)
                 for row, values in zip(rows, ref.cpu()):
                     samples[row].ref_log_p = values
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     stats: list[dict[str, float]] = []
+    grad_norms: list[list[float]] = []  # per optimizer step, per agent's parameter group
     team.train(step)
     for _ in range(cfg.epochs if step else 1):
         if step:
@@ -334,11 +334,25 @@ def policy_update(team: Any, optimizer: Any, samples: Sequence[Sample], adv: np.
             stats.append({**info, "loss": float(loss.detach())})
         if step:
             if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.max_grad_norm)
+                grad_norms.append(clip_per_group(optimizer, cfg.max_grad_norm))
             optimizer.step()
     team.train(False)
     passes = cfg.epochs if step else 1
-    return {k: float(np.sum([s[k] for s in stats]) / passes) for k in stats[0]} if stats else {}
+    result = {k: float(np.sum([s[k] for s in stats]) / passes) for k in stats[0]} if stats else {}
+    result.update({f"grad_norm_{i}": float(np.mean(values)) for i, values in enumerate(zip(*grad_norms))})
+    return result
+
+
+def clip_per_group(optimizer: Any, max_norm: float) -> list[float]:
+    """Clip each parameter group's gradient norm on its own (one group per agent: one agent's large gradient does
+    not shrink another's step); the norms before clipping, per group."""
+    import torch
+
+    norms = []
+    for group in optimizer.param_groups:
+        grads = [p for p in group["params"] if p.grad is not None]
+        norms.append(float(torch.nn.utils.clip_grad_norm_(grads, max_norm)) if grads else 0.0)
+    return norms
 
 
 def _inputs(samples: Sequence[Sample], rows: Sequence[int]) -> tuple[list, list, list]:

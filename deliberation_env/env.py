@@ -52,6 +52,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.backends.grouping import generate_by_backend
 from deliberation_env.core import features
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
 from deliberation_env.formats import ObservationFormat
@@ -414,15 +415,5 @@ def accepted_options() -> list[str]:
 
 
 def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:
-    """Answer requests with each agent's backend: one ``generate`` call per distinct backend."""
-    if len({id(b) for b in backends}) == 1:
-        return backends[0].generate(requests)
-    groups: dict[int, list[int]] = {}
-    for position, request in enumerate(requests):
-        groups.setdefault(id(backends[request.agent]), []).append(position)
-    completions: list[Completion | None] = [None] * len(requests)
-    for positions in groups.values():
-        backend = backends[requests[positions[0]].agent]
-        for position, completion in zip(positions, backend.generate([requests[p] for p in positions])):
-            completions[position] = completion
-    return completions  # type: ignore[return-value]
+    """Answer requests with each agent's backend (``backends[request.agent]``): one call per distinct backend."""
+    return generate_by_backend(requests, [backends[request.agent] for request in requests])

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deliberation_env.backends.base import Backend, Completion
+from deliberation_env.backends.base import Backend
+from deliberation_env.backends.grouping import generate_by_backend
 from deliberation_env.env import DeliberationEnv
 
 
@@ -48,18 +49,12 @@ class BatchedEnvs:
             pending = [(env, requests) for env, requests in pending if requests]
             if not pending:
                 return
-            groups: dict[int, tuple[Backend, list[tuple[int, int]]]] = {}
-            for e, (env, requests) in enumerate(pending):
-                for r, request in enumerate(requests):
-                    backend = self.backend or env.backends[request.agent]
-                    groups.setdefault(id(backend), (backend, []))[1].append((e, r))
-            answers: list[list[Completion | None]] = [[None] * len(reqs) for _, reqs in pending]
-            for backend, slots in groups.values():
-                completions = backend.generate([pending[e][1][r] for e, r in slots])
-                for (e, r), completion in zip(slots, completions):
-                    answers[e][r] = completion
+            flat = [(env, request) for env, requests in pending for request in requests]
+            answered = iter(generate_by_backend([request for _, request in flat],
+                                                [self.backend or env.backends[request.agent] for env, request in flat]))
+            answers = [[next(answered) for _ in requests] for _, requests in pending]
             for (env, _), completions in zip(pending, answers):
-                env.receive(completions)  # type: ignore[arg-type]
+                env.receive(completions)
 
 
 def run_batched(envs: Sequence[DeliberationEnv], policy, seeds: Sequence[int], backend: Backend | None = None):

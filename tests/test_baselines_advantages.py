@@ -79,3 +79,18 @@ def test_grouped_apply_uses_one_value_per_episode():
     units = np.array([0, 0, 0, 1, 2, 3])
     out = grouped_apply(values, keys, units, lambda r: r - r.mean())
     np.testing.assert_allclose(out, [0.5, 0.5, 0.5, -0.5, -2.0, 2.0])
+
+
+def test_gradient_norms_are_clipped_per_agent():
+    """One agent's large gradient does not shrink another agent's step (one optimizer group per agent)."""
+    import torch
+
+    from baselines.train_llm import clip_per_group
+
+    small, large = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
+    optimizer = torch.optim.SGD([{"params": [small]}, {"params": [large]}], lr=1.0)
+    small.grad, large.grad = torch.tensor([0.3, 0.0, 0.4]), torch.full((4,), 50.0)
+    norms = clip_per_group(optimizer, max_norm=1.0)
+    assert norms == pytest.approx([0.5, 100.0])
+    assert small.grad.tolist() == pytest.approx([0.3, 0.0, 0.4])  # under the limit: untouched
+    assert float(large.grad.norm()) == pytest.approx(1.0, rel=1e-4)
