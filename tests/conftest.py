@@ -28,8 +28,8 @@ def data_dir() -> Path:
 def llama_url():
     """A llama.cpp server on SmolLM2 at 127.0.0.1 for the session (with logprobs); its /v1 URL."""
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: bash scripts/setup-tests.sh")
-    from deliberation_env.backends.llama_server import llama_server
     from deliberation_env.backends.models import smollm2_gguf_path
+    from deliberation_env.testing.llama_server import llama_server
 
     with llama_server(smollm2_gguf_path(), threads=2, n_ctx=2048, logits_all=True) as url:
         yield url

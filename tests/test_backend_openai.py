@@ -9,8 +9,8 @@ import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
-from deliberation_env.backends.llama_server import free_port, llama_server
 from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
+from deliberation_env.testing.llama_server import free_port, llama_server
 from deliberation_env.testing.servers import LoopbackServer, send_json
 
 OK = {"choices": [{"message": {"role": "assistant", "content": "The answer is 4"}, "finish_reason": "stop"}],

@@ -92,7 +92,7 @@ def test_unreadable_data_files_name_the_file_line_and_fix(tmp_path):
 
 # ------------------------------------------------------------------------------------ sandbox choice
 def test_sandbox_option_and_fail_closed_construction(data_dir, monkeypatch):
-    from deliberation_env.tasks import sandbox
+    from deliberation_env.sandbox import runner as sandbox
 
     assert HumanEvalTask(data_dir=data_dir).isolation in ("bwrap", "unshare")
     with pytest.raises(ValueError, match="sandbox must be one of"):

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from deliberation_env.tasks import sandbox
-from deliberation_env.tasks.sandbox import (
+from deliberation_env.sandbox import (
     SandboxUnavailableError,
     available_isolation,
     isolation_works,
     run_many,
     run_python,
 )
+from deliberation_env.sandbox import runner as sandbox
 
 NAMESPACE_MODES = ["bwrap", "unshare"]
 ALL_MODES = [*NAMESPACE_MODES, "rlimits"]

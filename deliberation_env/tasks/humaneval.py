@@ -12,7 +12,7 @@ problem)``), prefixed with the prompt so that it becomes the full program. ``Pro
 gold program in the same form: normalise(prompt + canonical solution).
 
 ``grade`` is pass@1: the prompt (for its imports and helpers), the program, the official ``test``
-and ``check(entry_point)`` run in ``deliberation_env.tasks.sandbox``; results are cached by
+and ``check(entry_point)`` run in ``deliberation_env.sandbox``; results are cached by
 (task id, program hash).
 
 For the simulated backend, ``distractors`` are mutants of the canonical solution (a swapped
@@ -31,16 +31,16 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file
-from deliberation_env.tasks.extract import DataFormatError, is_text, parse_json_line, read_lines
-from deliberation_env.tasks.hub import hub_rows
-from deliberation_env.tasks.sandbox import (
+from deliberation_env.sandbox import (
     ISOLATION_MODES,
     SandboxUnavailableError,
     available_isolation,
     isolation_works,
     run_many,
 )
+from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file
+from deliberation_env.tasks.extract import DataFormatError, is_text, parse_json_line, read_lines
+from deliberation_env.tasks.hub import hub_rows
 
 RELATIVE_PATH = "humaneval/HumanEval.jsonl.gz"
 HUB_ID = "openai/openai_humaneval"
