@@ -76,7 +76,8 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
     actor i, which is reset with the episode's seed: an episode's actions do not depend on the wave it is in.
     Deliberation envs are answered together (``baselines.rollout.EnvPool``). One record per episode:
     ``correct`` (None without ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``,
-    ``actions`` (a Counter) and ``agents``."""
+    ``actions`` (a Counter), ``rounds`` (a Counter of actions per round) and ``agents``. The one episode runner of
+    evaluation and the bench scripts."""
     pool = EnvPool(envs)
     records: list[dict[str, Any]] = []
     for start in range(0, len(episodes), len(envs)):
@@ -85,7 +86,7 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
             actor.reset(seed)
         options = [{index_option: index} if index_option else None for _, index in wave]
         resets = pool.reset([seed for seed, _ in wave], options)
-        state = [{"obs": obs, "infos": infos, "reward": 0.0, "actions": Counter(),
+        state = [{"obs": obs, "infos": infos, "reward": 0.0, "actions": Counter(), "rounds": [],
                   "tokens": sum(info.get("tokens", 0) for info in infos.values())} for obs, infos in resets]
         while any(envs[e].agents for e in range(len(wave))):
             chosen = [actors[e].act(state[e]["obs"], state[e]["infos"]) if envs[e].agents else None
@@ -95,13 +96,14 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
                     continue
                 record = state[e]
                 record["actions"].update(chosen[e].values())
+                record["rounds"].append(Counter(chosen[e].values()))
                 record["obs"], rewards, _, _, record["infos"] = result
                 record["reward"] += sum(rewards.values())
                 record["tokens"] += sum(info.get("tokens", 0) for info in record["infos"].values())
         for e, record in enumerate(state):
             flags = [info["consensus_correct"] for info in record["infos"].values() if "consensus_correct" in info]
             records.append({"correct": bool(flags[0]) if flags else None, "reward": record["reward"],
-                            "tokens": record["tokens"], "actions": record["actions"],
+                            "tokens": record["tokens"], "actions": record["actions"], "rounds": record["rounds"],
                             "agents": max(1, len(envs[e].possible_agents))})
     return records
 

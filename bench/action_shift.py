@@ -19,7 +19,7 @@ from _results import RESULTS, command_line, save_markdown
 
 import deliberation_env
 from baselines.common import load_policy
-from baselines.evaluate import PolicyActor, headless_pyplot
+from baselines.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes
 from baselines.protocols import make_protocol
 from baselines.softrankpo import SoftRankPOConfig, train
 
@@ -29,21 +29,14 @@ NAMES = ("PERSIST", "REFINE", "CONCEDE")
 def action_shares(actor, problems: int, seeds: list[int]) -> tuple[np.ndarray, float]:
     """(rounds x 3 shares, accuracy) over the test problems."""
     env = deliberation_env.parallel_env(split="test")
+    episodes = [(episode_seed(seed, index), index) for seed in seeds for index in range(problems)]
+    records = play_episodes([env], [actor], episodes)
     counts: dict[int, Counter] = {}
-    correct = 0
-    for seed in seeds:
-        for index in range(problems):
-            actor.reset(seed * 100_003 + index)
-            obs, infos = env.reset(seed=seed * 100_003 + index, options={"problem_index": index})
-            t = 0
-            while env.agents:
-                chosen = actor.act(obs, infos)
-                counts.setdefault(t, Counter()).update(chosen.values())
-                obs, _, _, _, infos = env.step(chosen)
-                t += 1
-            correct += next(iter(infos.values()))["consensus_correct"]
+    for record in records:
+        for t, chosen in enumerate(record["rounds"]):
+            counts.setdefault(t, Counter()).update(chosen)
     shares = np.array([[counts[t][a] / sum(counts[t].values()) for a in range(3)] for t in sorted(counts)])
-    return shares, correct / (problems * len(seeds))
+    return shares, sum(bool(r["correct"]) for r in records) / len(records)
 
 
 def main() -> None:

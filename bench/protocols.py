@@ -10,32 +10,19 @@ action distribution (mean and std across seeds).
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 
 import numpy as np
 
 import deliberation_env
+from baselines import evaluate
 from baselines.protocols import PROTOCOLS, make_protocol
 
 
 def play(protocol_name: str, problems: int, seed: int, **env_kwargs) -> dict[str, float]:
     num_agents = 1 if protocol_name == "single" else env_kwargs.pop("num_agents", 3)
     env = deliberation_env.parallel_env(num_agents=num_agents, **env_kwargs)
-    protocol = make_protocol(protocol_name)
-    correct, tokens, actions = 0, 0, Counter()
-    for index in range(problems):
-        protocol.reset(seed * 100_003 + index)
-        obs, infos = env.reset(seed=seed * 100_003 + index, options={"problem_index": index})
-        tokens += sum(info["tokens"] for info in infos.values())
-        while env.agents:
-            chosen = protocol.act(obs, infos)
-            actions.update(chosen.values())
-            obs, _, _, _, infos = env.step(chosen)
-            tokens += sum(info["tokens"] for info in infos.values())
-        correct += next(iter(infos.values()))["consensus_correct"]
-    total = sum(actions.values()) or 1
-    return {"accuracy": correct / problems, "tokens": tokens / problems,
-            **{f"p_{name}": actions[i] / total for i, name in enumerate(("persist", "refine", "concede"))}}
+    metrics = evaluate.play(env, make_protocol(protocol_name), problems, seed)
+    return {key: metrics[key] for key in ("accuracy", "tokens", "p_persist", "p_refine", "p_concede")}
 
 
 def main() -> None:

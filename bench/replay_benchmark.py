@@ -34,7 +34,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from baselines.evaluate import PolicyActor, accuracy_vs_tokens_figure, headless_pyplot, play_episodes  # noqa: E402
+from baselines.evaluate import (  # noqa: E402
+    PolicyActor,
+    accuracy_vs_tokens_figure,
+    episode_seed,
+    headless_pyplot,
+    play_episodes,
+)  # noqa: E402
 from baselines.protocols import make_protocol  # noqa: E402
 from baselines.train import config_class, run  # noqa: E402
 from deliberation_env.metrics import auroc, paired_bootstrap  # noqa: E402
@@ -49,7 +55,7 @@ def play_rows(dataset: ReplaySet, actor_for, seeds, problems) -> dict[str, np.nd
     envs = [replay_env(dataset, split="test") for _ in range(32)]
     correct, tokens, actions = np.zeros(problems), np.zeros(problems), Counter()
     for seed in seeds:
-        episodes = [(seed * 100_003 + i, i) for i in range(problems)]
+        episodes = [(episode_seed(seed, i), i) for i in range(problems)]
         records = play_episodes(envs, [actor_for(seed) for _ in envs], episodes)
         correct += [r["correct"] for r in records]
         tokens += [r["tokens"] for r in records]
