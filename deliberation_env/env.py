@@ -43,7 +43,7 @@ and docs/interop.md for each RL library's recipe).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import gymnasium
@@ -61,10 +61,8 @@ from deliberation_env.replay.backend import bind_replay
 from deliberation_env.tasks.base import Problem, Task
 
 INVALID_ACTION_MODES = ("raise", "persist")
-_ENV_OPTIONS = {
-    "confidence", "concede_target", "early_stop", "reintrospect_concede", "reward_weights", "max_tokens",
-    "critic_max_tokens", "temperature", "critic_temperature", "streams",
-}
+_ENV_OPTIONS = frozenset(f.name for f in fields(DeliberationConfig)) - {"num_agents", "max_rounds"}
+"""Keywords that go to ``DeliberationConfig`` (its fields; agents and rounds are named parameters of the env)."""
 
 
 class DeliberationEnv(ParallelEnv):
