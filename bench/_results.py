@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 
-from baselines.stats import wilson_interval  # noqa: F401 - re-exported for the bench scripts
+from deliberation_env.analysis.metrics import wilson_interval  # noqa: F401 - re-exported for the bench scripts
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -18,10 +18,10 @@ import numpy as np
 from _results import RESULTS, command_line, save_markdown
 
 import deliberation_env
-from baselines.common import load_policy
-from baselines.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes
-from baselines.protocols import make_protocol
-from baselines.softrankpo import SoftRankPOConfig, train
+from baselines.evaluation.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes
+from baselines.meta.policy import load_policy
+from baselines.meta.softrankpo import SoftRankPOConfig, train
+from deliberation_env.protocols import make_protocol
 
 NAMES = ("PERSIST", "REFINE", "CONCEDE")
 

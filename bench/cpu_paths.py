@@ -55,10 +55,10 @@ def time_path(name: str, backend: Backend, load_seconds: float, task: Arithmetic
 
 def time_env(name: str, backend: Backend, args: argparse.Namespace) -> dict:
     """``--episodes`` debate episodes (3 agents, 1 round: solve, critic, refine, critic) through the meta-action env,
-    all in one batch (``baselines.evaluate``): completion tokens per second of the whole loop, env included."""
+    all in one batch (``baselines.evaluation.evaluate``): completion tokens per second of the whole loop, env included."""
     import deliberation_env
-    from baselines.evaluate import evaluate_entries
-    from baselines.protocols import make_protocol
+    from baselines.evaluation.evaluate import evaluate_entries
+    from deliberation_env.protocols import make_protocol
 
     counted = Counting(backend)
 

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from _results import RESULTS, command_line
 
-from baselines.evaluate import (
+from baselines.evaluation.evaluate import (
     PolicyActor,
     play_records,
     plot_accuracy_vs_tokens,
@@ -26,8 +26,8 @@ from baselines.evaluate import (
     save_table,
     summarize,
 )
-from baselines.protocols import PROTOCOLS, make_protocol
-from baselines.softrankpo import SoftRankPOConfig, train
+from baselines.meta.softrankpo import SoftRankPOConfig, train
+from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 
 def train_seed(args: tuple[int, str, int, bool]) -> str:
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     print("command:", command_line())
     import deliberation_env
-    from baselines.common import load_policy
+    from baselines.meta.policy import load_policy
 
     start = time.time()
     with ProcessPoolExecutor(args.workers) as pool:

@@ -14,8 +14,8 @@ import argparse
 import numpy as np
 
 import deliberation_env
-from baselines import evaluate
-from baselines.protocols import PROTOCOLS, make_protocol
+from baselines.evaluation import evaluate
+from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 
 def play(protocol_name: str, problems: int, seed: int, **env_kwargs) -> dict[str, float]:

@@ -3,7 +3,7 @@
     python bench/ray_rollouts.py --latency 0.2 --batches 3
 
 A loopback OpenAI-compatible server (``deliberation_env.testing.servers.LoopbackServer``) sleeps ``--latency`` seconds per request, then replies
-with a fixed answer; the envs use the real ``openai`` backend (no cache) through ``baselines.distributed``'s
+with a fixed answer; the envs use the real ``openai`` backend (no cache) through ``baselines.meta.distributed``'s
 ``RayCollector``, as ``python -m baselines.train --num-workers N`` does. One batch is ``--waves`` waves of
 ``--num-envs`` envs (3 agents, 3 rounds) played by the (untrained) policy; the same batches are timed with 1 and
 with 2 workers in this one run (after one warm-up batch each). A round is one ``env.step`` of one env.
@@ -22,10 +22,10 @@ import time
 import ray
 from _results import save_markdown
 
-from baselines.common import Policy, agent_layout
-from baselines.config import BaseConfig, make_env_fn
-from baselines.distributed import RayCollector
-from baselines.rollout import EpisodeSpec, sampling_key
+from baselines.meta.config import BaseConfig, make_env_fn
+from baselines.meta.distributed import RayCollector
+from baselines.meta.policy import Policy, agent_layout
+from baselines.meta.rollout import EpisodeSpec, sampling_key
 from deliberation_env.testing.servers import LoopbackServer
 
 

@@ -44,11 +44,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import RESULTS, command_line, save_markdown, wilson_interval  # noqa: E402
 
 import deliberation_env  # noqa: E402
-from baselines.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
-from baselines.protocols import PROTOCOLS, make_protocol  # noqa: E402
+from baselines.evaluation.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
+from deliberation_env.analysis.traces import TraceWriter  # noqa: E402
 from deliberation_env.backends.cache import request_key  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
-from deliberation_env.traces import TraceWriter  # noqa: E402
+from deliberation_env.protocols import PROTOCOLS, make_protocol  # noqa: E402
 
 ACTIONS = ("persist", "refine", "concede")
 
@@ -140,8 +140,8 @@ def play(name: str, actor_fn, args, backend, split: str, problems: int, trace: T
 
 def train_policy(args, out: str, sim_config: str | None, token_cost: float) -> tuple[str, str]:
     """SoftRankPO (SFT stage, then RL) on a sim of the study's env; returns (policy.pt, sft/policy.pt)."""
-    from baselines.softrankpo import SoftRankPOConfig
-    from baselines.train import run
+    from baselines.meta.softrankpo import SoftRankPOConfig
+    from baselines.meta.train import run
 
     backend_kwargs = {"config": sim_config} if sim_config else {}
     options = env_options(args)
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         six_requests = len(set().union(*(r["keys"] for r in rows[:6])))
 
         print("3/6 calibrating the sim", flush=True)
-        from deliberation_env import calibrate
+        from deliberation_env.analysis import calibrate
 
         sim_path = os.path.join(args.out, "sim.json")
         if calibrate.main([calib_path, "-o", sim_path]) != 0:
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cost_policy, _ = train_policy(args, os.path.join(runs, "calibrated-sim-cost"), sim_path, args.token_cost)
 
         print("5/6 learned policies on the real model", flush=True)
-        from baselines.common import load_policy
+        from baselines.meta.policy import load_policy
 
         learned = {"sft (calibrated sim)": sft_policy, "softrankpo (default sim)": default_policy,
                    "softrankpo (calibrated sim)": calibrated_policy,

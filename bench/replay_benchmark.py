@@ -34,16 +34,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from baselines.evaluate import (  # noqa: E402
+from baselines.evaluation.evaluate import (  # noqa: E402
     PolicyActor,
     accuracy_vs_tokens_figure,
     episode_seed,
     headless_pyplot,
     play_episodes,
-)  # noqa: E402
-from baselines.protocols import make_protocol  # noqa: E402
-from baselines.train import config_class, run  # noqa: E402
-from deliberation_env.metrics import auroc, paired_bootstrap  # noqa: E402
+)
+from baselines.meta.train import config_class, run  # noqa: E402
+from deliberation_env.analysis.metrics import auroc, paired_bootstrap  # noqa: E402
+from deliberation_env.protocols import make_protocol  # noqa: E402
 from deliberation_env.replay import ReplaySet, replay_env  # noqa: E402
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}

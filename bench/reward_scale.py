@@ -30,8 +30,8 @@ VARIANTS = {
 
 def run_one(job: tuple[str, float, int, int, int, str]) -> tuple[str, float, int, float, float]:
     import deliberation_env
-    from baselines import train
-    from baselines.evaluate import PolicyActor, play
+    from baselines.evaluation.evaluate import PolicyActor, play
+    from baselines.meta import train
 
     variant, scale, seed, episodes, problems, runs = job
     algo, overrides = VARIANTS[variant]
@@ -65,7 +65,7 @@ def main() -> None:
               f"episodes from scratch)")
     save_markdown("reward_scale", header, table)
     print(f"(total {time.time() - start:.0f}s)")
-    from baselines.evaluate import headless_pyplot
+    from baselines.evaluation.evaluate import headless_pyplot
 
     plt = headless_pyplot()
 

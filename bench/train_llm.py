@@ -46,10 +46,11 @@ import time
 import numpy as np
 from _results import RESULTS, save_markdown
 
-from baselines.llm_evaluation import comparison_table, evaluate_team
-from baselines.llm_policy import team_backends
+from baselines.llm.config import LLMTrainConfig
+from baselines.llm.evaluation import comparison_table, evaluate_team
+from baselines.llm.policy import team_backends
+from baselines.llm.train_llm import train
 from baselines.logger import read_metrics
-from baselines.train_llm import LLMTrainConfig, train
 
 ARMS = {
     "magrpo": {"algo": "magrpo", "credit": "team", "reward_weights": {"team": 1.0, "format": 0.1}},
@@ -100,7 +101,7 @@ def arm_config(args: argparse.Namespace, arm: str) -> LLMTrainConfig:
 
 
 def plot_curves(curves: dict[str, list[dict]], path: str) -> None:
-    from baselines.evaluate import headless_pyplot
+    from baselines.evaluation.evaluate import headless_pyplot
 
     plt = headless_pyplot()
     keys = ("accuracy", "reward_correct", "reward_format", "completion_tokens")

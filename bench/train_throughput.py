@@ -5,7 +5,7 @@
 A round is one ``env.step`` (every agent acts once). Measured in one process, one after the other:
 
 1. bare env: uniformly random legal actions, one env, a plain Python loop;
-2. rollout collection only: ``baselines.rollout.collect`` on ``num_envs`` envs in lockstep
+2. rollout collection only: ``baselines.meta.rollout.collect`` on ``num_envs`` envs in lockstep
    (encoding, batched forward pass, sampling, bookkeeping), with random legal actions and
    with the (untrained) policy network;
 3. the full SoftRankPO training loop (``sft_episodes=0``): collection + advantages + updates.
@@ -24,10 +24,11 @@ import numpy as np
 from _results import command_line, save_markdown
 
 import deliberation_env
-from baselines.common import Policy, agent_layout, seed_everything
 from baselines.logger import read_metrics
-from baselines.rollout import EpisodeSpec, collect, sampling_key
-from baselines.softrankpo import SoftRankPOConfig, train
+from baselines.meta.policy import Policy, agent_layout
+from baselines.meta.rollout import EpisodeSpec, collect, sampling_key
+from baselines.meta.softrankpo import SoftRankPOConfig, train
+from baselines.runtime import seed_everything
 
 
 class Counter:

@@ -2,7 +2,7 @@
 
     python -m deliberation_env.demo                       # arithmetic task, sim backend
     python -m deliberation_env.demo --policy threshold --episodes 5 --show-text
-    python -m deliberation_env.demo --task gsm8k --data-dir ../shared/data
+    python -m deliberation_env.demo --task gsm8k --data-dir path/to/data
     python -m deliberation_env.demo --backend transformers --model smollm2 --max-tokens 128 --episodes 1
     python -m deliberation_env.demo --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import textwrap
-
-import numpy as np
 
 import deliberation_env
 from deliberation_env.cli import (
@@ -26,25 +24,19 @@ from deliberation_env.cli import (
     report_user_errors,
     user_input,
 )
-from deliberation_env.core.deliberation import Action
+from deliberation_env.protocols import PROTOCOLS, FixedProtocol, make_protocol
 
 PROG = "python -m deliberation_env.demo"
 
-POLICIES = ("random", "persist", "refine", "threshold")
+POLICY_ALIASES = {"persist": "self_consistency", "refine": "debate"}
+"""The demo's older policy names, still accepted: each names the fixed protocol it always was."""
+POLICIES = (*PROTOCOLS, *POLICY_ALIASES)
 
 
-def choose(policy: str, observation: dict, info: dict, rng: np.random.Generator, threshold: float) -> int:
-    """A fixed meta-policy for the demo (the trainable ones live in ``baselines``)."""
-    mask = observation["action_mask"]
-    if policy == "random":
-        return int(rng.choice(np.flatnonzero(mask)))
-    if policy == "persist":
-        return int(Action.PERSIST)
-    if policy == "refine":
-        return int(Action.REFINE)
-    if info["confidence"] >= threshold:
-        return int(Action.PERSIST)
-    return int(Action.CONCEDE if mask[Action.CONCEDE] else Action.REFINE)
+def demo_protocol(policy: str, threshold: float) -> FixedProtocol:
+    """The fixed protocol ``--policy`` names (``deliberation_env.protocols``; trainable ones live in ``baselines``)."""
+    name = POLICY_ALIASES.get(policy, policy)
+    return make_protocol(name, threshold=threshold) if name == "threshold" else make_protocol(name)
 
 
 @report_user_errors(PROG)
@@ -55,12 +47,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--episodes", type=positive_int, default=3)
     parser.add_argument("--agents", "--num-agents", dest="agents", type=positive_int, default=3)
     parser.add_argument("--rounds", "--max-rounds", dest="rounds", type=positive_int, default=3)
-    parser.add_argument("--policy", choices=POLICIES, default="random")
+    parser.add_argument("--policy", choices=POLICIES, default="random", metavar="POLICY",
+                        help=f"a fixed protocol: {', '.join(PROTOCOLS)} (persist and refine are older names of "
+                             "self_consistency and debate; default: random)")
     parser.add_argument("--threshold", type=nonnegative_float, default=0.7, help="confidence threshold of --policy threshold")
     parser.add_argument("--seed", type=nonnegative_int, default=0)
     parser.add_argument("--show-text", action="store_true", help="print each agent's latest text")
     parser.add_argument("--trace", default=None, metavar="FILE.jsonl",
-                        help="append one JSON line per episode (deliberation_env.traces), labelled with the policy")
+                        help="append one JSON line per episode (deliberation_env.analysis.traces), labelled with "
+                             "the policy")
     add_backend_arguments(parser.add_argument_group("LLM backend"))
     args = parser.parse_args(argv)
 
@@ -69,18 +64,17 @@ def main(argv: list[str] | None = None) -> None:
                                             num_agents=args.agents, max_rounds=args.rounds, data_dir=args.data_dir,
                                             render_mode="ansi", **env_options(args),
                                             **({"trace": args.trace, "trace_label": args.policy} if args.trace else {}))
-    rng = np.random.default_rng(args.seed)
+    protocol = demo_protocol(args.policy, args.threshold)
     solved, tokens = 0, 0
     for episode in range(args.episodes):
         observations, infos = env.reset(seed=args.seed + episode)
+        protocol.reset(args.seed + episode)  # reseeds the random protocol
         print(f"\n=== episode {episode} ===")
         print(textwrap.fill(env.deliberation.problem.question, 100))
         print(env.render())
         episode_tokens = sum(info["tokens"] for info in infos.values())
         while env.agents:
-            actions = {agent: choose(args.policy, observations[agent], infos[agent], rng, args.threshold)
-                       for agent in env.agents}
-            observations, rewards, _, _, infos = env.step(actions)
+            observations, rewards, _, _, infos = env.step(protocol.act(observations, infos))
             episode_tokens += sum(info["tokens"] for info in infos.values())
             print(env.render())
             print("  rewards: " + ", ".join(f"{agent}={reward:+.1f}" for agent, reward in rewards.items()))

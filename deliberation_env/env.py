@@ -26,9 +26,9 @@ Observation of agent i (F = ``features.NUM_FEATURES`` = 16 floats in [0, 1] per 
 The ground truth never enters an observation.
 
 Rewards, per agent and round (``deliberation_env.core.rewards``): ``w_local * r_local +
-w_global * r_global + w_team * r_team + w_tokens * r_tokens`` with METHOD.md's r_local
-(own correctness change) and r_global (consensus correct minus leave-one-out consensus
-correct); weights from ``reward_weights=`` (default local 1, global 1, team 0, tokens 0).
+w_global * r_global + w_team * r_team + w_tokens * r_tokens`` with r_local (own correctness
+change) and r_global (consensus correct minus leave-one-out consensus correct) as in
+docs/method.md, section 3; weights from ``reward_weights=`` (default local 1, global 1, team 0, tokens 0).
 
 ``infos[agent]`` each step (fresh dicts): ``answer``, ``confidence``, ``confidence_source``,
 ``tokens`` (this step), ``tokens_total``, ``consensus``, ``round``, ``problem_id``,
@@ -136,8 +136,8 @@ class DeliberationEnv(ParallelEnv):
         self._last: RoundOutcome | None = None
         self._last_actions: list[Action | None] = [None] * num_agents
         self._recorder = None
-        if trace is not None:  # episode traces (deliberation_env.traces); nothing to pay without them
-            from deliberation_env.traces import EpisodeRecorder
+        if trace is not None:  # episode traces (deliberation_env.analysis.traces); nothing to pay without them
+            from deliberation_env.analysis.traces import EpisodeRecorder
 
             self._recorder = EpisodeRecorder(self, trace, trace_label, dict(task_kwargs or {}))
 
@@ -177,6 +177,13 @@ class DeliberationEnv(ParallelEnv):
 
     def action_space(self, agent: str) -> gymnasium.spaces.Discrete:
         return self.action_spaces[agent]
+
+    @property
+    def last_actions(self) -> tuple[Action | None, ...]:
+        """The meta-action applied to each agent (by index) in the last step; None before the episode's first step.
+
+        A masked CONCEDE shows as the PERSIST it became under ``invalid_action="persist"``."""
+        return tuple(self._last_actions)
 
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self.begin_episode(seed, options)

@@ -23,16 +23,16 @@ import gymnasium
 import numpy as np
 
 from deliberation_env.core import features
+from deliberation_env.core.deliberation import Action
 
 OBSERVATION_MODES = ("dict", "flat", "masked")
 ACTION_MASK_PLACES = ("observation", "info", "both")
 INFO_MODES = ("full", "numeric", "none")
 FEATURE_KEYS = ("self", "peers", "agreement")
-NUM_ACTIONS = 3
+NUM_ACTIONS = len(Action)
 
 # full-info key -> how the numeric form encodes it (strings and None have no fixed numeric type)
 _NUMERIC_DROPPED = ("answer", "confidence_source", "consensus", "problem_id")
-_ACTION_INDEX = {"PERSIST": 0, "REFINE": 1, "CONCEDE": 2}
 
 
 def flatten(observation: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
@@ -121,7 +121,7 @@ def numeric_info(full: dict[str, Any], agent_index: dict[str, int]) -> dict[str,
         if key in _NUMERIC_DROPPED:
             continue
         if key == "action":
-            numeric[key] = float(-1 if value is None else _ACTION_INDEX[value])
+            numeric[key] = float(-1 if value is None else Action[value])
         elif key == "concede_target":
             numeric[key] = float(-1 if value is None else agent_index[value])
         else:

@@ -4,9 +4,10 @@ The same core state machine as the meta-action env (``deliberation_env.env``), d
 agents' own text instead of a backend: each pending ``Request`` of the core becomes its agent's
 observation (the chat messages it would be prompted with, the request kind, the structured
 features), and the string the agent returns becomes that request's ``Completion``. The
-meta-actions (PERSIST / REFINE / CONCEDE) come from ``meta_policy``: a fixed schedule or a
-second policy. Rewards, infos, consensus and termination are the meta-action env's, plus the
-named turn terms of ``deliberation_env.text_rewards``.
+meta-actions (PERSIST / REFINE / CONCEDE) come from ``meta_policy``: a fixed protocol by name
+(``deliberation_env.protocols``, e.g. "debate") or a second policy. Rewards, infos, consensus
+and termination are the meta-action env's, plus the named turn terms of
+``deliberation_env.text_rewards``.
 
 | Import          | ``deliberation_env.text_env(task="arithmetic", meta_policy="debate")``             |
 |-----------------|-------------------------------------------------------------------------------------|
@@ -43,14 +44,12 @@ from deliberation_env import text_rewards
 from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
-from deliberation_env.core.deliberation import Action, Phase
 from deliberation_env.env import DeliberationEnv, generate_grouped
+from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Task
 
 KINDS = ("wait", "solve", "refine", "critic")
 """``observation["kind"]`` indexes this tuple."""
-SCHEDULES = {"debate": Action.REFINE, "self_consistency": Action.PERSIST}
-"""Named fixed meta-action schedules: every agent takes this action every round."""
 DEFAULT_MAX_PROMPT_CHARS = 32_768
 
 MetaPolicy = Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]]], Mapping[str, int]]
@@ -230,7 +229,7 @@ class TextDeliberationEnv(ParallelEnv):
                 self._pending, self._answers = requests, [None] * len(requests)
                 self._assign_turns()
                 return closed
-            if core.phase is Phase.READY:
+            if core.ready_to_finish:
                 observations, rewards, _, _, infos = meta.end_step()
             else:  # round 0 is complete
                 observations, infos = meta.end_reset()
@@ -363,13 +362,12 @@ class TextDeliberationEnv(ParallelEnv):
 
 def _resolve_meta_policy(policy: Any) -> Any:
     if isinstance(policy, str):
-        if policy not in SCHEDULES:
-            raise ValueError(f"unknown meta_policy {policy!r}; named schedules: {sorted(SCHEDULES)}, "
-                             "or pass a callable (observations, infos) -> {agent: action}")
-        action = int(SCHEDULES[policy])
-        return lambda observations, infos: dict.fromkeys(observations, action)
+        if policy not in PROTOCOLS:
+            raise ValueError(f"unknown meta_policy {policy!r}; named schedules (deliberation_env.protocols): "
+                             f"{list(PROTOCOLS)}, or pass a callable (observations, infos) -> {{agent: action}}")
+        return make_protocol(policy)
     if not (callable(policy) or callable(getattr(policy, "act", None))):
-        raise TypeError(f"meta_policy must be a schedule name {sorted(SCHEDULES)}, a callable (observations, infos) "
+        raise TypeError(f"meta_policy must be a protocol name {list(PROTOCOLS)}, a callable (observations, infos) "
                         f"-> {{agent: action}} or an object with act(observations, infos); got {policy!r}")
     return policy
 

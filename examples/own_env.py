@@ -12,9 +12,9 @@ import gymnasium
 import numpy as np
 from pettingzoo import ParallelEnv
 
-from baselines.common import load_policy
-from baselines.softrankpo import SoftRankPOConfig
-from baselines.softrankpo import train as train_softrankpo
+from baselines.meta.policy import load_policy
+from baselines.meta.softrankpo import SoftRankPOConfig
+from baselines.meta.softrankpo import train as train_softrankpo
 
 # a coordination game with three equilibria; the cooperative optimum is (0, 0). (Try the climbing
 # game [[11, -30, 0], [-30, 7, 6], [0, 0, 5]]: independent learners settle on 7, not 11.)

@@ -7,8 +7,8 @@ The CLI equivalent of one of them: ``python -m baselines.train --algo grpo --epi
 
 from __future__ import annotations
 
-from baselines import train
-from baselines.evaluate import evaluate_entries, markdown_table, standard_entries
+from baselines.evaluation.evaluate import evaluate_entries, markdown_table, standard_entries
+from baselines.meta import train
 
 settings = {
     "sft": {"episodes": 300, "epochs": 10},

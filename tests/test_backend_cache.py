@@ -21,13 +21,13 @@ def _episode(cache_path, seed: int):
     return trace, backend
 
 
-def _same(a, b) -> bool:
+def same_value(a, b) -> bool:
     import numpy as np
 
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, np.ndarray):
         return np.array_equal(a, b)
     return a == b
@@ -40,7 +40,7 @@ def test_replay_is_exact_and_all_hits(tmp_path):
     second, backend2 = _episode(path, seed=3)
     assert backend2.stats.misses == 0
     assert backend2.stats.hits == backend1.stats.hits + backend1.stats.misses
-    assert _same(first, second)
+    assert same_value(first, second)
     assert "hits=" in repr(backend2)
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

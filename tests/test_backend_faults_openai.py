@@ -1,6 +1,6 @@
 """OpenAICompatibleBackend against real misbehaving local servers (127.0.0.1, started by each test).
 
-Dripping servers (a byte every 0.2 s, in the headers or the body), servers that cannot return
+Dripping servers (a byte every 0.2 or 0.5 s, in the headers or the body), servers that cannot return
 log-probabilities, and replies that are JSON but not sane chat completions.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
-from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
+from deliberation_env.backends.openai import DEADLINE_FACTOR, BackendError, OpenAICompatibleBackend
 from deliberation_env.testing.servers import LoopbackServer, send_json
 
 LLAMA_CPP_NO_LOGPROBS = json.dumps({"error": {
@@ -45,8 +45,8 @@ def _json(status: int, payload):
     return lambda handler, server: send_json(handler, status, payload)
 
 
-def _drip(where: str):
-    """Sends a byte every 0.2 s forever (until the client leaves), in the status line or in the body."""
+def _drip(where: str, every: float = 0.2):
+    """Sends a byte every ``every`` s forever (until the client leaves), in the status line or in the body."""
     def respond(handler, server):
         try:
             if where == "body":
@@ -55,7 +55,7 @@ def _drip(where: str):
                 handler.end_headers()
                 handler.wfile.flush()
             chunk = b"H" if where == "headers" else b" "
-            while not server.stopped.wait(0.2):
+            while not server.stopped.wait(every):
                 handler.wfile.write(chunk)
                 handler.wfile.flush()
         except OSError:
@@ -79,6 +79,33 @@ def test_dripping_server_ends_at_the_deadline(serve, where):
     message = str(error.value)
     assert server.url in message and "deadline=1.5" in message and "raise deadline=" in message
     backend.close()
+
+
+def test_dripping_server_ends_at_the_default_deadline_a_multiple_of_timeout(serve):
+    # A byte every 0.5 s never trips timeout=1; the deadline nobody set is DEADLINE_FACTOR x timeout (5 s), not 600 s.
+    server = serve(_drip("body", every=0.5))
+    backend = OpenAICompatibleBackend(server.url, model="m", timeout=1.0, backoff=0.01)
+    assert backend.deadline == DEADLINE_FACTOR * 1.0 == 5.0
+    start = time.monotonic()
+    with pytest.raises(BackendError) as error:
+        backend.generate([_request()])
+    elapsed = time.monotonic() - start
+    assert 4.5 < elapsed < 5.0 + 2.5, elapsed  # bounded by 5 x timeout, far from the old 600 s
+    message = str(error.value)
+    assert "\n" not in message and server.url in message
+    assert "deadline=5 s (the default: 5 x timeout=1 s)" in message and "deadline=SECONDS" in message
+    backend.close()
+
+
+def test_default_deadline_follows_timeout_and_an_explicit_one_wins():
+    url = "http://127.0.0.1:1/v1"
+    assert OpenAICompatibleBackend(url, model="m").deadline == 600.0  # 5 x the default timeout=120
+    assert OpenAICompatibleBackend(url, model="m", timeout=30).deadline == 150.0
+    assert OpenAICompatibleBackend(url, model="m", timeout=30, deadline=1800).deadline == 1800.0
+    assert OpenAICompatibleBackend(url, model="m", timeout=30, deadline=None).deadline == 150.0
+    for bad in (0, -1, float("nan"), True, "600"):
+        with pytest.raises(ValueError, match=r"deadline must be a positive number of seconds.*or None: 5 x timeout"):
+            OpenAICompatibleBackend(url, model="m", deadline=bad)
 
 
 def test_deadline_fails_over_to_a_healthy_replica_next_time(serve):

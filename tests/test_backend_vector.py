@@ -6,7 +6,7 @@ import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.sim import SimBackend
 from deliberation_env.vector import run_batched
-from tests.test_backend_cache import _same
+from tests.test_backend_cache import same_value
 
 
 class CountingBackend:
@@ -44,14 +44,14 @@ def test_batched_equals_sequential_and_one_call_per_phase(tmp_path):
     counting = CountingBackend(SimBackend())
     envs = [deliberation_env.parallel_env(task="arithmetic", backend=counting) for _ in seeds]
     got = run_batched(envs, _policy, seeds)
-    assert _same(expected, got)
+    assert same_value(expected, got)
     # reset: solve + critic; each of 3 steps: at most refine + critic
     assert counting.calls <= 2 + 3 * 2
     cached = CachedBackend(SimBackend(), tmp_path / "c.sqlite")
     envs = [deliberation_env.parallel_env(task="arithmetic", backend=cached) for _ in seeds]
-    assert _same(expected, run_batched(envs, _policy, seeds))
+    assert same_value(expected, run_batched(envs, _policy, seeds))
     envs = [deliberation_env.parallel_env(task="arithmetic", backend=cached) for _ in seeds]
-    assert _same(expected, run_batched(envs, _policy, seeds)) and cached.stats.misses > 0
+    assert same_value(expected, run_batched(envs, _policy, seeds)) and cached.stats.misses > 0
 
 
 def test_heterogeneous_team(tmp_path):

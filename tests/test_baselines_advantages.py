@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import ndtri
 
-from baselines.grpo import group_normalized
-from baselines.rollout import grouped_apply
-from baselines.softrankpo import average_ranks, softrank_advantages
+from baselines.advantages import average_ranks, group_normalized, grouped_apply, softrank_advantages
 
 RNG = np.random.default_rng(0)
 GROUPS = [RNG.normal(size=k) for k in (2, 3, 8, 16)] + [RNG.integers(-2, 3, size=8).astype(float) for _ in range(6)]
@@ -85,7 +83,7 @@ def test_gradient_norms_are_clipped_per_agent():
     """One agent's large gradient does not shrink another agent's step (one optimizer group per agent)."""
     import torch
 
-    from baselines.train_llm import clip_per_group
+    from baselines.llm.train_llm import clip_per_group
 
     small, large = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
     optimizer = torch.optim.SGD([{"params": [small]}, {"params": [large]}], lr=1.0)

@@ -10,12 +10,12 @@ import torch
 from pettingzoo import ParallelEnv
 
 import deliberation_env
-from baselines import evaluate
-from baselines.common import Policy, agent_layout, save_checkpoint
-from baselines.evaluate import episode_seed, evaluate_entries, standard_entries
-from baselines.protocols import PROTOCOLS
-from baselines.rollout import EpisodeSpec, collect
+from baselines.evaluation import evaluate
+from baselines.evaluation.evaluate import episode_seed, evaluate_entries, standard_entries
+from baselines.meta.policy import Policy, agent_layout, save_checkpoint
+from baselines.meta.rollout import EpisodeSpec, collect
 from deliberation_env.backends import CachedBackend, SimBackend
+from deliberation_env.protocols import PROTOCOLS
 
 
 class CountingBackend:
@@ -146,9 +146,9 @@ def test_collect_batches_deliberation_envs_and_keeps_their_results():
 def test_trace_flag_labels_every_episode_with_its_entry(tmp_path, sampled_policy):
     from collections import Counter as Tally
 
-    from baselines import train
+    from baselines.meta import train
     from deliberation_env import demo
-    from deliberation_env.traces import read_traces
+    from deliberation_env.analysis.traces import read_traces
 
     trace = tmp_path / "traces.jsonl"
     evaluate.main(["--checkpoints", f"mine={sampled_policy}", "--protocols", "single", "debate", "--problems", "3",

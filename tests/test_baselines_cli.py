@@ -11,10 +11,10 @@ import torch
 from pettingzoo import ParallelEnv
 
 import deliberation_env
-from baselines import train as train_cli
-from baselines.common import encode, load_policy, stack
 from baselines.logger import read_metrics
-from baselines.softrankpo import SoftRankPOConfig
+from baselines.meta import train as train_cli
+from baselines.meta.policy import encode, load_policy, stack
+from baselines.meta.softrankpo import SoftRankPOConfig
 
 TINY = ["--episodes", "32", "--num-envs", "8", "--no-progress", "--no-tensorboard", "--no-evaluate"]
 GROUP = ["--group-size", "4", "--groups-per-batch", "4"]
@@ -142,3 +142,16 @@ def test_softrankpo_sft_init_skips_stage_one_and_starts_from_the_checkpoint(tmp_
     assert not (tmp_path / "rl0" / "sft").exists()
     trained = train_cli.main([*args, "--out", str(tmp_path / "rl")])
     assert not all(torch.equal(a, b) for a, b in zip(sft.state_dict().values(), trained.state_dict().values()))
+
+
+def test_the_old_module_paths_are_the_moved_modules():
+    """``baselines.train``, ``baselines.evaluate`` and ``baselines.train_llm`` keep working for one release: each is
+    the module it moved to (so patching either patches both)."""
+    import baselines.evaluate
+    import baselines.train
+    import baselines.train_llm
+    from baselines.evaluation import evaluate
+    from baselines.llm import train_llm
+
+    assert baselines.train is train_cli and baselines.evaluate is evaluate and baselines.train_llm is train_llm
+    assert baselines.train.main is train_cli.main and baselines.evaluate.ACTION_NAMES == ("persist", "refine", "concede")

@@ -8,11 +8,11 @@ import pytest
 from pettingzoo import ParallelEnv
 
 import deliberation_env
-from baselines import train as train_cli
-from baselines.evaluate import PolicyActor, play
-from baselines.magrpo import MAGRPOConfig
-from baselines.protocols import make_protocol
-from baselines.softrankpo import SoftRankPOConfig
+from baselines.evaluation.evaluate import PolicyActor, play
+from baselines.meta import train as train_cli
+from baselines.meta.magrpo import MAGRPOConfig
+from baselines.meta.softrankpo import SoftRankPOConfig
+from deliberation_env.protocols import make_protocol
 
 
 def test_softrankpo_from_scratch_beats_random_on_test_problems(tmp_path):
@@ -72,7 +72,7 @@ class CoordinationGame(ParallelEnv):
 @pytest.mark.parametrize(("algo", "masked"), [("softrankpo", False), ("magrpo", True), ("ppo", False), ("mappo", True)])
 def test_foreign_env_learns_cooperative_optimum(tmp_path, algo, masked):
     # Seed-sensitive: SoftRankPO reaches (0, 0) from 10 of seeds 0..15 and PPO from 7 of 0..9 (the rest settle on
-    # the (2, 2) local optimum); since actions are sampled per episode (baselines.rollout) seed 0 is one of the rest.
+    # the (2, 2) local optimum); since actions are sampled per episode (baselines.meta.rollout) seed 0 is one of the rest.
     common = {"episodes": 1200, "num_envs": 16, "out": str(tmp_path), "progress": False, "tensorboard": False,
               "seed": 1 if algo in ("softrankpo", "ppo") else 0}
     if algo == "softrankpo":

@@ -10,10 +10,10 @@ from dataclasses import asdict
 import pytest
 
 import deliberation_env
-from baselines.protocols import PROTOCOLS, make_protocol
+from deliberation_env.analysis.calibrate import CalibrationError, fit, main, write_config
+from deliberation_env.analysis.traces import TraceWriter, read_traces
 from deliberation_env.backends.sim import SimBackend, SimConfig
-from deliberation_env.calibrate import CalibrationError, fit, main, write_config
-from deliberation_env.traces import TraceWriter, read_traces
+from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 # A sim far from the defaults: a team whose wrong answers are more confident than its right ones
 # (AUROC < 0.5), that copies peers and breaks right answers when it refines.

@@ -50,7 +50,7 @@ def test_user_mistake_is_one_line_and_exit_code_2(tmp_path, module, args, expect
 
 
 def test_a_bug_past_the_user_input_boundary_keeps_its_traceback(tmp_path, monkeypatch, capsys):
-    from baselines import train
+    from baselines.meta import train
 
     def broken(*args, **kwargs):
         raise ValueError("an internal bug")

@@ -91,7 +91,7 @@ class ScriptedBackend:
         return out
 
 
-def _drive(deliberation, backend):
+def answer_pending(deliberation, backend):
     while requests := deliberation.pending_requests():
         deliberation.receive(backend.generate(requests))
 
@@ -99,16 +99,16 @@ def _drive(deliberation, backend):
 PROBLEM = Problem(id="p", question="What is 6 * 7?", answer="42")
 
 
-def _started(answers, confidences, **config):
+def started_deliberation(answers, confidences, **config):
     deliberation = Deliberation(ArithmeticTask(), DeliberationConfig(**config))
     backend = ScriptedBackend(list(answers), list(confidences))
     deliberation.start(PROBLEM, seed=1)
-    _drive(deliberation, backend)
+    answer_pending(deliberation, backend)
     return deliberation, backend
 
 
 def test_round_zero_solves_then_introspects_every_agent():
-    deliberation, backend = _started(["42", "41", None], [0.9, 0.6, 0.2])
+    deliberation, backend = started_deliberation(["42", "41", None], [0.9, 0.6, 0.2])
     assert backend.calls == [["solve"] * 3, ["critic"] * 3]
     assert [a.answer for a in deliberation.agents] == ["42", "41", None]
     assert [a.correct for a in deliberation.agents] == [True, False, False]
@@ -117,10 +117,10 @@ def test_round_zero_solves_then_introspects_every_agent():
 
 
 def test_concede_adopts_most_confident_disagreeing_peer_without_generation():
-    deliberation, backend = _started(["42", "41", "40"], [0.5, 0.9, 0.1])
+    deliberation, backend = started_deliberation(["42", "41", "40"], [0.5, 0.9, 0.1])
     assert deliberation.concede_target(0) == 1 and deliberation.concede_target(2) == 1
     deliberation.begin_round([Action.PERSIST, Action.PERSIST, Action.CONCEDE])
-    _drive(deliberation, backend)
+    answer_pending(deliberation, backend)
     outcome = deliberation.finish_round()
     assert backend.calls[-1] == ["critic"]  # only the conceder is re-introspected
     assert deliberation.agents[2].answer == "41"
@@ -131,18 +131,18 @@ def test_concede_adopts_most_confident_disagreeing_peer_without_generation():
 
 
 def test_concede_plurality_target():
-    deliberation, _ = _started(["42", "41", "41", "40"], [0.1, 0.2, 0.3, 0.99], num_agents=4, concede_target="plurality")
+    deliberation, _ = started_deliberation(["42", "41", "41", "40"], [0.1, 0.2, 0.3, 0.99], num_agents=4, concede_target="plurality")
     assert deliberation.concede_target(0) == 2  # the peers' plurality 41, its most confident holder
-    deliberation, _ = _started(["42", "41", "41", "40"], [0.1, 0.2, 0.3, 0.99], num_agents=4)
+    deliberation, _ = started_deliberation(["42", "41", "41", "40"], [0.1, 0.2, 0.3, 0.99], num_agents=4)
     assert deliberation.concede_target(0) == 3
 
 
 def test_refine_sees_peers_and_rewards_pivotal_agent():
-    deliberation, backend = _started(["41", "41", "42"], [0.5, 0.8, 0.7])
+    deliberation, backend = started_deliberation(["41", "41", "42"], [0.5, 0.8, 0.7])
     backend.answers = ["42", "41", "42"]  # agent 0's refinement fixes its answer
     deliberation.begin_round([Action.REFINE, Action.PERSIST, Action.PERSIST])
     assert "41" in deliberation.pending_requests()[0].messages[-1].content  # own/peer answers in prompt
-    _drive(deliberation, backend)
+    answer_pending(deliberation, backend)
     outcome = deliberation.finish_round()
     assert outcome.consensus == "42" and outcome.consensus_correct
     assert outcome.components[0] == {"local": 1.0, "global": 1.0, "team": 0.0, "tokens": -30.0}
@@ -152,17 +152,17 @@ def test_refine_sees_peers_and_rewards_pivotal_agent():
 
 
 def test_masks_and_oracle_labels():
-    deliberation, _ = _started(["42", "42", "41"], [0.5, 0.6, 0.7])
+    deliberation, _ = started_deliberation(["42", "42", "41"], [0.5, 0.6, 0.7])
     assert list(deliberation.action_mask(0)) == [1, 1, 1]
     assert deliberation.oracle_action(0) == Action.PERSIST
     assert deliberation.oracle_action(2) == Action.CONCEDE
-    deliberation, _ = _started(["41", "41", "41"], [0.5, 0.6, 0.7])
+    deliberation, _ = started_deliberation(["41", "41", "41"], [0.5, 0.6, 0.7])
     assert list(deliberation.action_mask(0)) == [1, 1, 0]  # nobody to concede to
     assert deliberation.oracle_action(0) == Action.REFINE
 
 
 def test_early_stop_on_unanimous_persist():
-    deliberation, backend = _started(["42"] * 3, [0.9] * 3, early_stop=True, max_rounds=3)
+    deliberation, backend = started_deliberation(["42"] * 3, [0.9] * 3, early_stop=True, max_rounds=3)
     deliberation.begin_round([Action.PERSIST] * 3)
     assert deliberation.pending_requests() == []
     outcome = deliberation.finish_round()
@@ -176,7 +176,7 @@ def test_extractor_crash_means_no_answer():
 
     deliberation = Deliberation(Broken(), DeliberationConfig())
     deliberation.start(PROBLEM, seed=0)
-    _drive(deliberation, ScriptedBackend(["42"] * 3, [0.5] * 3))
+    answer_pending(deliberation, ScriptedBackend(["42"] * 3, [0.5] * 3))
     assert [a.answer for a in deliberation.agents] == [None] * 3
 
 

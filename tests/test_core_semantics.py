@@ -17,20 +17,20 @@ from deliberation_env.backends.base import Completion
 from deliberation_env.core import Action, Deliberation, DeliberationConfig, parse_confidence
 from deliberation_env.core.rewards import check_weights
 from deliberation_env.tasks.arithmetic import ArithmeticTask
-from tests.test_core import PROBLEM, ScriptedBackend, _drive, _started
+from tests.test_core import PROBLEM, ScriptedBackend, answer_pending, started_deliberation
 
 P, R, C = Action.PERSIST, Action.REFINE, Action.CONCEDE
 
 
 def _play_round(deliberation, backend, actions):
     deliberation.begin_round(actions)
-    _drive(deliberation, backend)
+    answer_pending(deliberation, backend)
     return deliberation.finish_round()
 
 
 # ------------------------------------------------------------- CONCEDE acts on the round-start state
 def test_mutual_concede_swaps_the_two_answers():
-    deliberation, backend = _started(["42", "41", "40"], [0.5, 0.9, 0.1])
+    deliberation, backend = started_deliberation(["42", "41", "40"], [0.5, 0.9, 0.1])
     assert deliberation.concede_target(0) == 1 and deliberation.concede_target(1) == 0
     texts = [a.text for a in deliberation.agents]
     _play_round(deliberation, backend, [C, C, P])
@@ -42,7 +42,7 @@ def test_mutual_concede_swaps_the_two_answers():
 
 def test_concede_chain_takes_the_target_answer_from_the_round_start():
     # agent 2 concedes to agent 0 while agent 0 concedes to agent 1: agent 2 gets agent 0's *old* answer.
-    deliberation, backend = _started(["42", "41", "40"], [0.9, 0.5, 0.1])
+    deliberation, backend = started_deliberation(["42", "41", "40"], [0.9, 0.5, 0.1])
     assert deliberation.concede_target(0) == 1 and deliberation.concede_target(2) == 0
     start_profile = deliberation.agents[0].profile
     _play_round(deliberation, backend, [C, P, C])
@@ -62,7 +62,7 @@ def test_round_outcome_is_equivariant_under_agent_permutations(trial):
     confidences = rng.sample([0.1, 0.3, 0.5, 0.7, 0.9], count)  # distinct: no index tie-breaks
     results = {}
     for order in itertools.permutations(range(count)):
-        deliberation, backend = _started([answers[j] for j in order], [confidences[j] for j in order],
+        deliberation, backend = started_deliberation([answers[j] for j in order], [confidences[j] for j in order],
                                          num_agents=count)
         actions_by_original = {}
         for position, original in enumerate(order):
@@ -95,7 +95,7 @@ def test_every_concede_on_the_sim_receives_the_round_start_answer_of_its_target(
 
 # ------------------------------------------------------------- profile and seeds of round 1
 def test_profile_changed_is_set_by_a_round_one_refine():
-    deliberation, backend = _started(["41", "41", "41"], [0.5, 0.6, 0.7])
+    deliberation, backend = started_deliberation(["41", "41", "41"], [0.5, 0.6, 0.7])
     seeds = {}
     original_generate = backend.generate
 
@@ -287,7 +287,7 @@ def test_answer_logprobs_confidence_replaces_the_critic_and_concede_copies_it():
     backend = TokenLogprobBackend(["42", "41", "40"], [0.9, 0.6, 0.3])
     deliberation.start(PROBLEM, seed=1)
     assert all(r.token_logprobs and not r.logprobs for r in deliberation.pending_requests())
-    _drive(deliberation, backend)
+    answer_pending(deliberation, backend)
     assert backend.calls == [["solve"] * 3]
     assert [a.confidence for a in deliberation.agents] == pytest.approx([0.9, 0.6, 0.3])
     _play_round(deliberation, backend, [P, P, C])  # agent 2 concedes to agent 0
@@ -298,7 +298,7 @@ def test_answer_logprobs_confidence_replaces_the_critic_and_concede_copies_it():
 def test_critic_text_confidence_asks_for_no_logprobs():
     deliberation = Deliberation(ArithmeticTask(), DeliberationConfig(confidence="critic_text"))
     deliberation.start(PROBLEM, seed=1)
-    _drive(deliberation, ScriptedBackend(["42"] * 3, [0.8] * 3))
+    answer_pending(deliberation, ScriptedBackend(["42"] * 3, [0.8] * 3))
     deliberation.begin_round([R, R, R])
     deliberation.receive(ScriptedBackend(["42"] * 3, [0.8] * 3).generate(deliberation.pending_requests()))
     critics = deliberation.pending_requests()

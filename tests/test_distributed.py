@@ -1,4 +1,4 @@
-"""Ray rollout workers (baselines.distributed) on a local Ray instance with 2 CPUs.
+"""Ray rollout workers (baselines.meta.distributed) on a local Ray instance with 2 CPUs.
 
 A tiny SoftRankPO run (SFT stage and RL stage both collected by the workers) ends with the same parameters
 with 0, 1 and 2 workers; a worker whose process exits in the middle of a collection is replaced and the run
@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import deliberation_env
-from baselines import distributed
-from baselines.common import agent_layout
-from baselines.config import env_kwargs, make_env_fn
-from baselines.distributed import WorkerLost, concat_rollouts, shares
-from baselines.rollout import EpisodeSpec, collect, sampling_key
-from baselines.softrankpo import SoftRankPOConfig, train
-from baselines.train import main
+from baselines.meta import distributed
+from baselines.meta.config import env_kwargs, make_env_fn
+from baselines.meta.distributed import WorkerLost, concat_rollouts, shares
+from baselines.meta.policy import agent_layout
+from baselines.meta.rollout import EpisodeSpec, collect, sampling_key
+from baselines.meta.softrankpo import SoftRankPOConfig, train
+from baselines.meta.train import main
 from deliberation_env.backends.sim import SimBackend
 
 ray = pytest.importorskip("ray")  # installed by scripts/setup-tests.sh (the dev extra); CI turns a skip into a failure

@@ -296,7 +296,7 @@ def test_replay_equals_the_live_model_smollm2(tmp_path):
 
 
 def test_one_command_trains_and_evaluates_on_a_replay_set(sim_set, tmp_path, capsys):
-    from baselines.train import main as train
+    from baselines.meta.train import main as train
 
     train(["--replay", str(sim_set), "--episodes", "256", "--no-progress", "--no-tensorboard", "--out",
            str(tmp_path / "run"), "--eval-seeds", "1"])

@@ -1,6 +1,6 @@
 """The benchmark tasks on the real data files: gold answers, simulated round trips, distractors.
 
-Uses the ``data_dir`` fixture (``$DELIBERATION_ENV_DATA``, else ../shared/data).
+Uses the ``data_dir`` fixture (``$DELIBERATION_ENV_DATA``, else the default folder named in tests/conftest.py).
 
 MATH-500 exceptions (gold solution's last ``\\boxed{}`` not equivalent to its ``answer``):
 none with the current normalisation and math-verify 0.9 (500/500 equivalent). The test

@@ -81,6 +81,7 @@ def test_missing_file_names_env_var_path_and_hub_id(name, tmp_path):
         TASKS.make(name, data_dir=str(tmp_path)).problems("test")
     message = str(error.value)
     assert DATA_ENV_VAR in message and str(tmp_path / FILES[name]) in message and HUB_IDS[name] in message
+    assert f"a data folder holding {FILES[name]}" in message and "docs/tasks.md" in message and "shared/" not in message
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
@@ -90,6 +91,7 @@ def test_no_local_data_and_no_hub_names_env_var_path_and_hub_id(name, monkeypatc
         TASKS.make(name).problems("test")
     message = str(error.value)
     assert DATA_ENV_VAR in message and FILES[name] in message and HUB_IDS[name] in message
+    assert f"a data folder holding {FILES[name]}" in message and "docs/tasks.md" in message and "shared/" not in message
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
@@ -186,7 +188,7 @@ def test_unreadable_data_file_names_the_file_the_line_and_the_fix(filename, tmp_
     assert str(path) in message and len(message) < 1000, message
     if "JSON" not in reason:  # a damaged file: say how to get a good one
         assert "intact copy" in message and DATA_ENV_VAR in message
-    if not filename.endswith(".gz"):  # the same through a data folder laid out like shared/data
+    if not filename.endswith(".gz"):  # the same through a data folder holding gsm8k/test.jsonl
         (tmp_path / "gsm8k").mkdir()
         (tmp_path / "gsm8k" / "test.jsonl").write_bytes(content)
         with pytest.raises(DataFormatError, match=reason):

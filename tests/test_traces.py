@@ -7,7 +7,7 @@ import json
 import pytest
 
 import deliberation_env
-from deliberation_env.traces import TRACE_VERSION, TraceError, TraceWriter, read_traces
+from deliberation_env.analysis.traces import TRACE_VERSION, TraceError, TraceWriter, read_traces
 from deliberation_env.vector import BatchedEnvs
 
 

@@ -1,4 +1,4 @@
-"""baselines.train_llm on the real SmolLM2-135M (fp32 from the GGUF, loaded once for the module): LoRA updates,
+"""baselines.llm.train_llm on the real SmolLM2-135M (fp32 from the GGUF, loaded once for the module): LoRA updates,
 SoftRankPO's scale invariance, checkpoints that TransformersBackend reloads, the CLI end to end and its errors."""
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from baselines.llm_policy import TeamPolicy, team_backends  # noqa: E402
-from baselines.train_llm import (  # noqa: E402
-    LLMTrainConfig,
-    advantages,
-    collect,
-    make_optimizer,
-    make_text_env,
-    policy_update,
-)
+from baselines.llm.config import LLMTrainConfig, make_text_env  # noqa: E402
+from baselines.llm.policy import TeamPolicy, team_backends  # noqa: E402
+from baselines.llm.train_llm import advantages, collect, make_optimizer, policy_update  # noqa: E402
 from deliberation_env.backends.base import Message, Request  # noqa: E402
 
 # Tiny episodes: round 0 only (self_consistency), no critic turns, 8 tokens; the length term counts characters
@@ -118,7 +112,7 @@ def test_checkpoints_reload_in_transformers_backend_and_generate(team, batch, tm
 
 
 def test_cli_trains_saves_and_evaluates_before_and_after(converted, tmp_path, monkeypatch):
-    from baselines import train_llm
+    from baselines.llm import train_llm
 
     monkeypatch.chdir(tmp_path)
     train_llm.main(["--algo", "grpo", "--weights", "shared", "--agents", "2", "--group-size", "2", "--updates", "2",
@@ -190,7 +184,7 @@ def test_agents_share_generate_batches_under_their_own_adapters(team):
 
 
 def test_cli_stops_when_the_time_budget_is_spent(converted, tmp_path, monkeypatch):
-    from baselines import train_llm
+    from baselines.llm import train_llm
 
     monkeypatch.chdir(tmp_path)
     train_llm.main(["--agents", "2", "--group-size", "2", "--updates", "5", "--max-minutes", "0.0001",
@@ -205,7 +199,7 @@ def test_cli_stops_when_the_time_budget_is_spent(converted, tmp_path, monkeypatc
 
 
 def test_pooling_over_the_team_changes_nothing_with_team_credit_but_does_with_own_credit():
-    from baselines.train_llm import Sample
+    from baselines.llm.train_llm import Sample
 
     rng = np.random.default_rng(0)
     records = [{"rewards": rng.normal(size=2)} for _ in range(4)]  # 4 aligned rollouts of a 2-agent team

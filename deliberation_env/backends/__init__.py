@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from deliberation_env.backends.base import Backend, Completion, Message, Request, SimContext
+from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.backends.sim import SimBackend, SimConfig
+from deliberation_env.backends.sim_context import SimContext
+from deliberation_env.chat import Message
 
 _LAZY = {
     "TransformersBackend": "deliberation_env.backends.transformers",

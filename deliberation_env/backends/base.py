@@ -1,9 +1,10 @@
 """The LLM backend protocol: ``generate(list[Request]) -> list[Completion]``.
 
 A backend answers a batch of chat requests, in order. Everything a real backend needs is
-in ``messages`` and the sampling fields; ``context`` carries privileged facts (the
-problem, whether answers are correct) that only the simulated backend reads. Real
-backends and caches must ignore ``context``: it is not part of a request's identity.
+in ``messages`` (``deliberation_env.chat.Message``) and the sampling fields; ``context``
+carries privileged facts (the problem, whether answers are correct; ``backends.sim_context``)
+that only the simulated backend reads. Real backends and caches must ignore ``context``: it
+is not part of a request's identity.
 """
 
 from __future__ import annotations
@@ -12,37 +13,12 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from deliberation_env.tasks.base import Problem, Task
+from deliberation_env.backends.sim_context import SimContext
+from deliberation_env.chat import Message
 
 RequestKind = Literal["solve", "refine", "critic"]
-
-
-@dataclass(frozen=True)
-class Message:
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True)
-class SimContext:
-    """Privileged facts for the simulated backend (ignored by real backends).
-
-    ``own_correct`` / ``peer_correct`` are gradings of answers already held, so the
-    simulator can model "refining helps when a peer is right" and informative confidence.
-    """
-
-    task: Task
-    problem: Problem
-    own_answer: str | None = None
-    own_correct: bool = False
-    peer_answers: tuple[str | None, ...] = ()
-    peer_correct: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,3 +128,7 @@ def _token_count(value: object) -> int:
 
 
 _MAX_TOKENS = 10**9
+
+
+__all__ = ["Backend", "Completion", "Message", "Request", "RequestKind", "SimContext", "completed_before",
+           "estimate_tokens", "sanitize_completion"]

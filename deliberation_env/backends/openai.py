@@ -15,12 +15,14 @@ with exponential backoff (at least the server's Retry-After) up to ``max_retries
 ``BackendError`` names the URL, the failure and what to do. Other 4xx (a wrong model name, a
 bad key) fail at once, and so does a server that cannot return the log-probabilities a request
 asked for. ``timeout`` bounds each network read; ``deadline`` bounds a whole request from its
-first attempt (every attempt and wait), so a server that sends a byte now and then cannot hold
-a request forever. Each request carries an ``X-Request-Id`` (the same on every attempt) and, with
-an episode, an ``X-Episode-Id`` header. Replies are validated: unusable token counts are
-estimated from the text, unusable log-probabilities become None, and a reply without a text
-content is malformed. The API key is read from the environment variable ``api_key_env`` and
-never appears in reprs, errors, ``identity()`` or caches.
+first attempt (every attempt and wait), by default ``DEADLINE_FACTOR`` (5) x ``timeout``, so a
+server that sends a byte now and then cannot hold a request for longer than that: the request
+fails at once with a ``BackendError`` naming the URL, the limit and ``deadline=``. Each request
+carries an ``X-Request-Id`` (the same on every attempt) and, with an episode, an ``X-Episode-Id``
+header. Replies are validated: unusable token counts are estimated from the text, unusable
+log-probabilities become None, and a reply without a text content is malformed. The API key is
+read from the environment variable ``api_key_env`` and never appears in reprs, errors,
+``identity()`` or caches.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ _MAX_TOKEN_COUNT = 10**9  # beyond any context window: a larger usage count is g
 _LOGPROBS_REFUSED = re.compile(r"logprob|logits_all", re.IGNORECASE)
 _LANE = 8  # connections per httpx pool: httpcore scans every connection of a pool for every queued request
 ROUTINGS = ("sticky", "least_busy")
+DEADLINE_FACTOR = 5
+"""The default ``deadline`` is this many times ``timeout``: time for every attempt of the default ``max_retries=4``
+to wait one full ``timeout`` (600 s with the default ``timeout=120``)."""
 
 
 class BackendError(RuntimeError):
@@ -67,16 +72,20 @@ class OpenAICompatibleBackend:
 
     ``concurrency``: requests in flight at once in total (default 16); ``per_replica``: at most this
     many on one replica (default: no bound besides ``concurrency``). ``routing``: ``"sticky"``
-    (default; one replica per episode) or ``"least_busy"``. ``deadline`` (seconds, default 600):
-    the most one request may take from its first attempt on, attempts and backoff waits included
-    (time queued for a free slot before that does not count). ``logprobs=False`` never asks the
+    (default; one replica per episode) or ``"least_busy"``. ``timeout`` (seconds, default 120): the most
+    any one network wait (connect, read, write) may take; a server that drips its reply a byte at a time
+    never trips it. ``deadline`` (seconds; default None, meaning ``DEADLINE_FACTOR`` x ``timeout``, i.e.
+    5 x 120 = 600 s with the defaults): the most one request may take from its first attempt on, attempts
+    and backoff waits included (time queued for a free slot before that does not count); past it the
+    request fails at once with a ``BackendError`` naming the URL and the limit. Pass ``deadline=`` to
+    allow longer (or shorter) requests whatever ``timeout`` is. ``logprobs=False`` never asks the
     server for log-probabilities (for servers that cannot give them; critic confidence then comes
     from the critic's text).
     """
 
     def __init__(self, base_url: str | Sequence[str], model: str, api_key_env: str = "OPENAI_API_KEY",
                  timeout: float = 120.0, max_retries: int = 4, concurrency: int = 16, backoff: float = 0.5,
-                 cooldown: float = 30.0, top_logprobs: int = 20, deadline: float = 600.0, logprobs: bool = True,
+                 cooldown: float = 30.0, top_logprobs: int = 20, deadline: float | None = None, logprobs: bool = True,
                  per_replica: int | None = None, routing: str = "sticky"):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
@@ -85,15 +94,20 @@ class OpenAICompatibleBackend:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ValueError(f"base_url {url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
         for name, value in (("timeout", timeout), ("deadline", deadline)):
+            if name == "deadline" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}"
+                                 + (f" (or None: {DEADLINE_FACTOR} x timeout)" if name == "deadline" else ""))
         for name, value in (("concurrency", concurrency), ("per_replica", per_replica)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int (requests in flight at once), got {value!r}")
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
         self.base_urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
-        self.model, self.api_key_env, self.timeout, self.deadline = model, api_key_env, timeout, float(deadline)
+        self.deadline_is_default = deadline is None
+        self.deadline = float(DEADLINE_FACTOR * timeout if deadline is None else deadline)
+        self.model, self.api_key_env, self.timeout = model, api_key_env, timeout
         self.max_retries, self.concurrency, self.backoff = max_retries, concurrency, backoff
         self.per_replica, self.routing = per_replica or concurrency, routing
         self.cooldown, self.top_logprobs, self.logprobs = cooldown, top_logprobs, logprobs
@@ -235,9 +249,10 @@ class OpenAICompatibleBackend:
             except (_DeadlinePassed, asyncio.TimeoutError):
                 self._set_aside(url, self.cooldown)
                 raise BackendError(
-                    f"{url}: no complete answer within deadline={self.deadline:g} s (attempt {attempt + 1}; the "
-                    f"server kept the connection open but each read stayed under timeout={self.timeout:g} s). "
-                    f"Check that replica's load and health, add replicas, or raise deadline= for long generations."
+                    f"{url}: no complete answer within deadline={self._deadline_text()} (attempt {attempt + 1}; the "
+                    f"server had not finished its reply, e.g. it sends a byte now and then, which never trips "
+                    f"timeout={self.timeout:g} s). Check that replica's load and health, add replicas, or raise "
+                    "deadline= (OpenAICompatibleBackend(..., deadline=SECONDS)) for long generations."
                 ) from None
             except httpx.RequestError as error:  # e.g. a body that does not decode (bad content-encoding)
                 failure = f"transport error ({type(error).__name__}: {error})"
@@ -254,7 +269,8 @@ class OpenAICompatibleBackend:
                 if time.monotonic() + wait >= (deadline[0] if deadline else math.inf):
                     asked = f" (the server asked to retry after {retry_after:g} s)" if retry_after else ""
                     raise BackendError(
-                        f"{url}: {failure}; deadline={self.deadline:g} s leaves no time for attempt {attempt + 2}{asked}. "
+                        f"{url}: {failure}; deadline={self._deadline_text()} leaves no time for attempt {attempt + 2}"
+                        f"{asked}. "
                         f"Check that the server at {url} is running and serves model {self.model!r} "
                         "(or add replicas / raise deadline=).")
                 await asyncio.sleep(wait)
@@ -349,6 +365,11 @@ class OpenAICompatibleBackend:
             finish_reason=finish if isinstance(finish, str) and finish else "stop",
             token_logprobs=_every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None,
         )
+
+    def _deadline_text(self) -> str:
+        """``deadline`` for messages, with where it came from when it is the default."""
+        rule = f" (the default: {DEADLINE_FACTOR} x timeout={self.timeout:g} s)" if self.deadline_is_default else ""
+        return f"{self.deadline:g} s{rule}"
 
     def _snippet(self, text: str) -> str:
         key = os.environ.get(self.api_key_env)

@@ -23,7 +23,7 @@ hash of its id), with ``s_i = skills[i % len(skills)]``:
   ``hedge_rate_*``), which shows in the reasoning profile;
 - tokens: completion lengths drawn around ``solve_tokens`` / ``refine_tokens`` (longer on
   harder problems) and ``critic_tokens``; prompt tokens estimated from the prompt's length;
-- knobs for behaviour that real traces show (``deliberation_env.calibrate`` fits them), off by
+- knobs for behaviour that real traces show (``deliberation_env.analysis.calibrate`` fits them), off by
   default so that the default sim is unchanged: ``copy_peer`` (a refining agent just adopts a
   peer's answer, as small models do) and ``refine_break`` (a right agent's revision comes out
   wrong with no wrong peer to blame).
@@ -44,7 +44,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from deliberation_env.backends.base import Completion, Request, SimContext, estimate_tokens
+from deliberation_env.backends.base import Completion, Request, estimate_tokens
+from deliberation_env.backends.sim_context import SimContext
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def load_sim_config(source: str | os.PathLike | Mapping[str, Any]) -> SimConfig:
             with open(source, encoding="utf-8") as file:
                 source = json.load(file)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{where} does not exist (write one with python -m deliberation_env.calibrate)") from None
+            raise FileNotFoundError(f"{where} does not exist (write one with python -m deliberation_env.analysis.calibrate)") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise ValueError(f"{where} is not a readable JSON file: {error}") from None
     if isinstance(source, Mapping) and isinstance(source.get("config"), Mapping):

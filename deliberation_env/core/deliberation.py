@@ -28,7 +28,8 @@ from enum import Enum, IntEnum
 
 import numpy as np
 
-from deliberation_env.backends.base import Completion, Request, SimContext, sanitize_completion
+from deliberation_env.backends.base import Completion, Request, sanitize_completion
+from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.core import features
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.consensus import plurality, support
@@ -306,6 +307,13 @@ class Deliberation:
 
     # ------------------------------------------------------------- queries
     @property
+    def ready_to_finish(self) -> bool:
+        """Whether a round begun with ``begin_round`` has all its completions, so ``finish_round()`` is due.
+
+        False while requests are pending, between rounds, and after ``start`` (round 0 needs no finish)."""
+        return self.phase is Phase.READY
+
+    @property
     def seed(self) -> int:
         """The seed the episode's requests are derived from (the stream's seed when ``config.streams`` is set)."""
         return self._seed
@@ -353,7 +361,7 @@ class Deliberation:
         return np.array([[1, 1, self.concede_target(i) is not None] for i in range(len(self.agents))], dtype=np.int8)
 
     def oracle_action(self, agent: int) -> Action:
-        """The oracle label of METHOD.md: PERSIST if correct, CONCEDE if the target is correct, else REFINE."""
+        """The oracle label (docs/method.md, section 4): PERSIST if right, CONCEDE if its target is, else REFINE."""
         if self.agents[agent].correct:
             return Action.PERSIST
         target = self.concede_target(agent)

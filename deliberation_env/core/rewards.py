@@ -1,4 +1,4 @@
-"""Rewards as named, weighted components (METHOD.md, section 1).
+"""Rewards as named, weighted components (docs/method.md, section 3).
 
 Each component is a function of the facts of one round and an agent index:
 

@@ -14,11 +14,11 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test",
     """A ``parallel_env`` on a replay set with the set's own recorded settings (task, prompts, agents, rounds,
     confidence, tokens, streams); ``options`` override env keywords (e.g. ``observation="flat"``, ``max_rounds``
     below the recorded rounds, another recorded ``confidence``)."""
-    from deliberation_env import parallel_env
+    from deliberation_env.env import DeliberationEnv  # the env imports replay.backend: import it on use
 
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
     kwargs = {**env_settings(replay.card), **options}
-    return parallel_env(backend=ReplayBackend(replay, fallback=fallback), split=split, data_dir=data_dir, **kwargs)
+    return DeliberationEnv(backend=ReplayBackend(replay, fallback=fallback), split=split, data_dir=data_dir, **kwargs)
 
 
 __all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "env_settings", "load_card", "replay_env",

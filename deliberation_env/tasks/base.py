@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from deliberation_env.backends.base import Message
+from deliberation_env.chat import Message
 
 DATA_ENV_VAR = "DELIBERATION_ENV_DATA"
 
@@ -169,7 +169,7 @@ def resolve_data_file(data_dir: str | os.PathLike[str] | None, relative: str, hu
             return path
         raise FileNotFoundError(
             f"{source} is {str(base)!r} but {str(path)!r} does not exist. Point {DATA_ENV_VAR} "
-            f"(or data_dir=) at a folder laid out like shared/data ({relative}), or unset both to "
+            f"(or data_dir=) at a data folder holding {relative} (the layout is in docs/tasks.md), or unset both to "
             f"load {hub_id!r} from the Hugging Face hub."
         )
     return None

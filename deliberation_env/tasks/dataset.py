@@ -2,8 +2,9 @@
 
 Where a split's rows come from, in order:
 
-1. ``data_dir=`` (a folder laid out like ``shared/data``, or one data file used for every split);
-2. ``$DELIBERATION_ENV_DATA`` (a folder laid out like ``shared/data``);
+1. ``data_dir=``: a data folder holding each split's file at its relative path (``Source.relative``, e.g.
+   ``gsm8k/test.jsonl``; the layout is in docs/tasks.md), or one data file used for every split;
+2. ``$DELIBERATION_ENV_DATA``: a data folder laid out the same way;
 3. the Hugging Face hub through ``datasets`` (``tasks.hub``: the network once, then a local cache).
 
 Rows are checked (``fields``) and converted to ``Problem`` objects once, on the first

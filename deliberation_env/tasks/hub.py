@@ -148,8 +148,9 @@ def hub_rows(hub_id: str, config: str | None, split: str, relative: str) -> list
     path = cached_path(hub_id, config, split)
     if path.is_file():
         return [row for _, row in load_jsonl(path)]
-    advice = (f"Set {DATA_ENV_VAR} (or pass data_dir=) to a folder laid out like shared/data containing {relative}, "
-              f"or go online once to download {hub_id!r} from the Hugging Face hub (it is then cached in {path.parent})")
+    advice = (f"Set {DATA_ENV_VAR} (or pass data_dir=) to a data folder holding {relative} (the layout is in "
+              f"docs/tasks.md), or go online once to download {hub_id!r} from the Hugging Face hub "
+              f"(it is then cached in {path.parent})")
     if not _datasets_installed():
         raise FileNotFoundError(f"no local data for {relative} and the `datasets` package is not installed "
                                 f"(pip install datasets). {advice}.")

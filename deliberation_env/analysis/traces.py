@@ -4,7 +4,7 @@
     episodes = read_traces("traces.jsonl")         # list[Episode]
 
 A trace records what a run did and what it cost, per round and agent, so that the simulator
-can be calibrated on it (``deliberation_env.calibrate``). ``trace=`` takes a path (the env opens
+can be calibrated on it (``deliberation_env.analysis.calibrate``). ``trace=`` takes a path (the env opens
 it in append mode and closes it in ``env.close()``) or a ``TraceWriter`` that many envs of one
 process share. Each episode is written and flushed when it ends, so a killed run keeps every
 finished episode; an episode cut short (a reset before its end) is not written.
@@ -20,11 +20,14 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from deliberation_env.backends.base import RequestKind
+from deliberation_env.core.deliberation import Action
 
 TRACE_VERSION = 1
-REQUEST_KINDS = ("solve", "refine", "critic")
-ACTIONS = ("PERSIST", "REFINE", "CONCEDE")
+REQUEST_KINDS: tuple[str, ...] = get_args(RequestKind)
+ACTIONS: tuple[str, ...] = tuple(action.name for action in Action)
 
 
 class TraceError(ValueError):
@@ -172,7 +175,7 @@ class EpisodeRecorder:
         for agent, kind, prompt_tokens, completion_tokens in core.request_log:
             requests[agent].append(RequestRecord(kind, prompt_tokens, completion_tokens))
         core.request_log.clear()
-        actions = self.env._last_actions if outcome is not None else [None] * len(core.agents)
+        actions = self.env.last_actions if outcome is not None else [None] * len(core.agents)
         agents = tuple(
             AgentRound(None if action is None else action.name, tuple(requests[i]), state.text, state.answer,
                        bool(state.correct), float(state.confidence), state.confidence_source)

@@ -8,7 +8,7 @@ the agent's index (MAPPO: one critic, one value per agent, for per-agent returns
 GAE(gamma, lambda) over each agent's trajectory of its own rewards (``--credit round``), or,
 with ``--credit episode``, the agent's episode return minus the value, for every round.
 Episode ends (terminations or truncations) are treated as terminal. The actor loss is the
-clipped surrogate of ``baselines.group_trainer.actor_loss`` (no KL by default).
+clipped surrogate of ``baselines.meta.group_trainer.actor_loss`` (no KL by default).
 
     python -m baselines.train --algo ppo --episodes 8000
 """
@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.common import Policy, agent_layout, build_network, mlp, save_checkpoint, seed_everything
-from baselines.config import BaseConfig, make_env_fn
-from baselines.distributed import open_collector
-from baselines.group_trainer import actor_loss
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.rollout import EpisodeSpec, Rollouts, global_state, rollout_metrics, sampling_key, trajectories
+from baselines.meta.config import BaseConfig, make_env_fn
+from baselines.meta.distributed import open_collector
+from baselines.meta.group_trainer import actor_loss
+from baselines.meta.policy import Policy, agent_layout, build_network, mlp, save_checkpoint
+from baselines.meta.rollout import EpisodeSpec, Rollouts, global_state, rollout_metrics, sampling_key, trajectories
+from baselines.runtime import seed_everything
 
 
 @dataclass

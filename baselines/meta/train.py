@@ -10,7 +10,7 @@
 
 Algorithms: softrankpo (SFT stage, then SoftRankPO), grpo, ppo (+ --centralized-critic for
 MAPPO), magrpo, sft. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
-<out>/policy.pt (``baselines.common.load_policy``); then, unless --no-evaluate, evaluates the
+<out>/policy.pt (``baselines.meta.policy.load_policy``); then, unless --no-evaluate, evaluates the
 policy (and the SFT stage's) against the fixed protocols on the test split and saves
 <out>/eval/table.md, table.csv and PNG plots.
 """
@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baselines.common import Policy, load_checkpoint
-from baselines.config import add_config_arguments, build_backend, config_from_args, env_kwargs, make_env_fn
+from baselines.config import add_config_arguments, config_from_args
+from baselines.meta.config import build_backend, env_kwargs, make_env_fn
+from baselines.meta.policy import Policy, load_checkpoint
 from deliberation_env.cli import (
     BACKEND_FLAGS,
     ArgumentParser,
@@ -40,11 +41,11 @@ from deliberation_env.cli import (
 PROG = "python -m baselines.train"
 
 ALGORITHMS: dict[str, tuple[str, str]] = {
-    "softrankpo": ("baselines.softrankpo", "SoftRankPOConfig"),
-    "grpo": ("baselines.grpo", "GRPOConfig"),
-    "ppo": ("baselines.ppo", "PPOConfig"),
-    "magrpo": ("baselines.magrpo", "MAGRPOConfig"),
-    "sft": ("baselines.sft", "SFTConfig"),
+    "softrankpo": ("baselines.meta.softrankpo", "SoftRankPOConfig"),
+    "grpo": ("baselines.meta.grpo", "GRPOConfig"),
+    "ppo": ("baselines.meta.ppo", "PPOConfig"),
+    "magrpo": ("baselines.meta.magrpo", "MAGRPOConfig"),
+    "sft": ("baselines.meta.sft", "SFTConfig"),
 }
 
 
@@ -59,7 +60,7 @@ class EvalOptions:
     eval_seeds: int = 2
     """Evaluation seeds 0..n-1 (confidence intervals are across these)."""
     trace: str | None = None
-    """Append one JSON line per evaluation episode to this file (deliberation_env.traces), labelled with the entry."""
+    """Append one JSON line per evaluation episode to this file (deliberation_env.analysis.traces), labelled with the entry."""
 
     def validate(self) -> None:
         """Raise ValueError on counts below 1."""
@@ -96,8 +97,8 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     """Evaluate ``<out>/policy.pt`` (and ``<out>/sft/policy.pt``) and the fixed protocols on the test split with
     the training env's settings (agents, rounds, token cost, sampling; ``single`` keeps one agent); save the
     table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
-    from baselines import evaluate
-    from baselines.protocols import PROTOCOLS
+    from baselines.evaluation import evaluate
+    from deliberation_env.protocols import PROTOCOLS
 
     checkpoints = {}
     if os.path.exists(os.path.join(out, "sft", "policy.pt")):
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         cfg.validate()
         options.validate()
         if cfg.num_workers:
-            from baselines.distributed import require_ray
+            from baselines.meta.distributed import require_ray
 
             require_ray()
     except (ValueError, ImportError) as error:
@@ -153,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
             with user_input(f"--{name.replace('_', '-')}"):
                 load_checkpoint(getattr(cfg, name))
     if cfg.num_workers:
-        from baselines.distributed import connect
+        from baselines.meta.distributed import connect
 
         with user_input(f"--ray-address {cfg.ray_address}" if cfg.ray_address else "starting a local Ray instance"):
             connect(cfg.ray_address)
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         env_fn = make_env_fn(cfg, "train", backend)
         env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
         if options.evaluate:
-            from baselines.evaluate import check_problem_count
+            from baselines.evaluation.evaluate import check_problem_count
 
             test_env = make_env_fn(cfg, "test", backend)()
             if cfg.replay and len(test_env.problems) < options.eval_problems:

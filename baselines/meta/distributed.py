@@ -6,7 +6,7 @@ key, ...)``, for both paths: ``LocalCollector`` plays the episodes in this proce
 with its own copy of ``env_fn`` (a config's ``EnvFactory`` pickles without its backend, so each worker builds its
 own backend from the config). Each batch, the learner puts the policy into Ray's object store once (every worker
 reads that one copy), splits the episodes into contiguous shares of whole waves, and concatenates the returned
-rollouts in episode order. Since every episode samples from its own stream (``baselines.rollout``) and the waves
+rollouts in episode order. Since every episode samples from its own stream (``baselines.meta.rollout``) and the waves
 are the same as in one process, the batch, and so the training run, is the same for any number of workers.
 
 A worker that dies (its process exits, its node goes away: ``RayActorError``) is replaced by a fresh actor that
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from baselines.common import ObsLayout, Policy
-from baselines.rollout import EpisodeSpec, Rollouts, collect
+from baselines.meta.policy import ObsLayout, Policy
+from baselines.meta.rollout import EpisodeSpec, Rollouts, collect
 
 RAY_MISSING = 'rollout workers need Ray, which is not installed: pip install "deliberation-env[ray]" (or --num-workers 0)'
 
@@ -85,7 +85,7 @@ class LocalCollector:
 
     def collect(self, layout: ObsLayout, policy: Policy | None, specs: Sequence[EpisodeSpec], key: Sequence[int],
                 **options: Any) -> Rollouts:
-        """``baselines.rollout.collect`` on this collector's envs."""
+        """``baselines.meta.rollout.collect`` on this collector's envs."""
         return collect(self.envs, layout, policy, specs, key, **options)
 
     def close(self) -> None:
@@ -134,7 +134,7 @@ class RayCollector:
 
     def collect(self, layout: ObsLayout, policy: Policy | None, specs: Sequence[EpisodeSpec], key: Sequence[int],
                 **options: Any) -> Rollouts:
-        """The rollouts of ``specs``, as ``baselines.rollout.collect`` plays them in one process."""
+        """The rollouts of ``specs``, as ``baselines.meta.rollout.collect`` plays them in one process."""
         ray = self.ray
         specs = [spec if spec.stream is not None else replace(spec, stream=i) for i, spec in enumerate(specs)]
         if not specs:

@@ -1,4 +1,4 @@
-"""Pieces shared by every trainer: observation layout, policies, masking, checkpoints.
+"""The meta-policy every trainer trains: observation layout, networks, masking, checkpoints.
 
 Works with any PettingZoo ``ParallelEnv`` whose action spaces are ``Discrete`` and whose
 observations are a ``Box`` or a ``Dict`` (optionally with an ``"action_mask"`` entry).
@@ -15,9 +15,7 @@ One network is shared by all agents; logits of masked actions are set to ``-1e9`
 from __future__ import annotations
 
 import os
-import random
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -245,42 +243,3 @@ def load_policy(path: str) -> Policy:
     policy = Policy(ObsLayout(**data["layout"]), data["hidden"])
     policy.load_state_dict(data["state_dict"])
     return policy.eval()
-
-
-# ----------------------------------------------------------------------------- misc
-def seed_everything(seed: int, threads: int = 1) -> torch.Generator:
-    """Seed python, numpy and torch; limit torch threads; return a torch generator for sampling."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    torch.set_num_threads(max(1, threads))
-    return torch.Generator().manual_seed(seed)
-
-
-SMALL_NETWORK_PARAMETERS = 1_000_000
-"""Below this many parameters a forward pass is faster on one thread than on many (thread start-up dominates)."""
-
-
-def policy_threads(policy: nn.Module, threads: int | None = None) -> int | None:
-    """torch threads for ``policy``'s forward passes: ``threads`` when given; else 1 for a small network unless
-    $OMP_NUM_THREADS or $MKL_NUM_THREADS is set (the user chose); None: keep torch's setting."""
-    if threads is not None:
-        return max(1, int(threads))
-    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-        return None
-    return 1 if sum(p.numel() for p in policy.parameters()) < SMALL_NETWORK_PARAMETERS else None
-
-
-@contextmanager
-def torch_threads(count: int | None) -> Iterator[None]:
-    """Run the block with ``count`` torch threads (None: unchanged), then restore the previous count, so that a
-    local LLM in the same process keeps its own setting."""
-    previous = torch.get_num_threads()
-    if count is None or count == previous:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)

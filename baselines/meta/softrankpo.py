@@ -1,7 +1,7 @@
 """SoftRankPO: rank-based advantages mapped through normal quantiles (MPDF, arXiv 2509.03817).
 
 The paper does not publish the equations; this is the reconstruction described in the
-project's ``docs/method.md``, implemented as follows. For a comparison group of K returns
+project's ``docs/method.md``, implemented in ``baselines.advantages.softrank_advantages`` as follows. For a comparison group of K returns
 (K rollouts of one problem: the same reset seed, differing only in sampled actions):
 
 1. rank the returns, 1..K, average ranks for ties (values closer than 1e-9 of the group's
@@ -20,8 +20,8 @@ hard away from the SFT reference, large tau (5.0) stays close to it. With a posi
 ``kl_coef`` this changes the fixed point of the update, not only its speed.
 
 Training (``train``): stage 1, unless ``init`` is given, behaviour cloning on oracle labels
-(``baselines.sft``, ``sft_episodes`` episodes); stage 2, the group trainer of
-``baselines.group_trainer`` with these advantages and the SFT policy as KL reference.
+(``baselines.meta.sft``, ``sft_episodes`` episodes); stage 2, the group trainer of
+``baselines.meta.group_trainer`` with these advantages and the SFT policy as KL reference.
 
     python -m baselines.train --algo softrankpo --task arithmetic --backend sim
 """
@@ -35,42 +35,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtri
 
-from baselines.common import Policy
-from baselines.config import make_env_fn
-from baselines.group_trainer import GroupConfig, train_grouped
-from baselines.rollout import Rollouts, agent_returns, grouped_apply
-from baselines.sft import SFTConfig
-from baselines.sft import train as train_sft
-
-TIE_TOLERANCE = 1e-9
-
-
-def average_ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..K with ties (within TIE_TOLERANCE of the range) sharing their average rank."""
-    values = np.asarray(values, dtype=np.float64)
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    spread = values.max() - values.min() if len(values) else 0.0
-    start = 0
-    for i in range(1, len(values) + 1):
-        if i == len(values) or values[order[i]] - values[order[i - 1]] > TIE_TOLERANCE * spread:
-            ranks[order[start:i]] = (start + 1 + i) / 2.0
-            start = i
-    return ranks
-
-
-def softrank_advantages(returns: np.ndarray, tau: float = 0.8) -> np.ndarray:
-    """SoftRankPO advantages of one group's returns (see the module docstring)."""
-    returns = np.asarray(returns, dtype=np.float64)
-    if tau <= 0:
-        raise ValueError(f"tau must be > 0, got {tau}")
-    if len(returns) < 2:
-        return np.zeros(len(returns))
-    percentiles = (average_ranks(returns) - 0.5) / len(returns)
-    advantages = ndtri(percentiles) / tau
-    return advantages - advantages.mean()
+from baselines.advantages import grouped_apply, softrank_advantages
+from baselines.meta.config import make_env_fn
+from baselines.meta.group_trainer import GroupConfig, train_grouped
+from baselines.meta.policy import Policy
+from baselines.meta.rollout import Rollouts, agent_returns
+from baselines.meta.sft import SFTConfig
+from baselines.meta.sft import train as train_sft
 
 
 @dataclass

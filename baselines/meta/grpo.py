@@ -2,9 +2,10 @@
 
 For a comparison group of K returns (K rollouts of one problem, same reset seed; with
 ``--credit round`` one group per agent and round) the advantage of return r is
-``(r - mean) / (std + eps)`` when ``std_normalize`` is on, else ``r - mean``. The update is the
-clipped policy gradient with a KL term of ``baselines.group_trainer``. Without the std
-division, advantages scale with the rewards (the reward-scale study shows the effect).
+``(r - mean) / (std + eps)`` when ``std_normalize`` is on, else ``r - mean``
+(``baselines.advantages.group_normalized``). The update is the clipped policy gradient with a
+KL term of ``baselines.meta.group_trainer``. Without the std division, advantages scale with
+the rewards (the reward-scale study shows the effect).
 
     python -m baselines.train --algo grpo --episodes 8000
 """
@@ -17,16 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from baselines.common import Policy
-from baselines.group_trainer import GroupConfig, train_grouped
-from baselines.rollout import Rollouts, agent_returns, grouped_apply
-
-
-def group_normalized(returns: np.ndarray, std_normalize: bool = True, eps: float = 1e-6) -> np.ndarray:
-    """``(r - mean) / (std + eps)`` (or ``r - mean``) over one group's returns."""
-    returns = np.asarray(returns, dtype=np.float64)
-    centred = returns - returns.mean()
-    return centred / (returns.std() + eps) if std_normalize else centred
+from baselines.advantages import group_normalized, grouped_apply
+from baselines.meta.group_trainer import GroupConfig, train_grouped
+from baselines.meta.policy import Policy
+from baselines.meta.rollout import Rollouts, agent_returns
 
 
 @dataclass

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.common import Policy, agent_layout, save_checkpoint, seed_everything
-from baselines.config import BaseConfig, make_env_fn
-from baselines.distributed import open_collector
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.rollout import EpisodeSpec, rollout_metrics, sampling_key
+from baselines.meta.config import BaseConfig, make_env_fn
+from baselines.meta.distributed import open_collector
+from baselines.meta.policy import Policy, agent_layout, save_checkpoint
+from baselines.meta.rollout import EpisodeSpec, rollout_metrics, sampling_key
+from baselines.runtime import seed_everything
 
 
 @dataclass

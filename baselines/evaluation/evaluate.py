@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.common import Policy, load_checkpoint, load_policy, policy_threads, torch_threads
 from baselines.logger import read_metrics
-from baselines.protocols import PROTOCOLS, FixedProtocol, make_protocol
-from baselines.rollout import EnvPool
+from baselines.meta.policy import Policy, load_checkpoint, load_policy
+from baselines.meta.rollout import EnvPool
+from baselines.runtime import policy_threads, torch_threads
+from deliberation_env.analysis.metrics import bootstrap_interval
 from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
@@ -37,16 +38,18 @@ from deliberation_env.cli import (
     report_user_errors,
     user_input,
 )
-from deliberation_env.metrics import bootstrap_interval
+from deliberation_env.core.deliberation import Action
+from deliberation_env.protocols import PROTOCOLS, FixedProtocol, make_protocol
 
-ACTION_NAMES = ("persist", "refine", "concede")
+ACTION_NAMES = tuple(action.name.lower() for action in Action)
+"""The meta-actions in index order, as the ``p_<name>`` columns name them."""
 
 
 class PolicyActor:
     """A learned policy behind the protocol interface ``reset(seed)`` / ``act(obs, infos)``.
 
     Forward passes run on ``threads`` torch threads (default: one for a small network, see
-    ``baselines.common.policy_threads``); the process's own setting is restored after each."""
+    ``baselines.runtime.policy_threads``); the process's own setting is restored after each."""
 
     def __init__(self, policy: Policy, deterministic: bool = True, threads: int | None = None):
         self.policy, self.deterministic = policy, deterministic
@@ -74,7 +77,7 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
                   index_option: str | None = "problem_index") -> list[dict[str, Any]]:
     """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)``, env i acted on by
     actor i, which is reset with the episode's seed: an episode's actions do not depend on the wave it is in.
-    Deliberation envs are answered together (``baselines.rollout.EnvPool``). One record per episode:
+    Deliberation envs are answered together (``baselines.meta.rollout.EnvPool``). One record per episode:
     ``correct`` (None without ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``,
     ``actions`` (a Counter), ``rounds`` (a Counter of actions per round) and ``agents``. The one episode runner of
     evaluation and the bench scripts."""
@@ -191,7 +194,7 @@ def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_
     """Entries for learned checkpoints and named protocols on deliberation_env: policies play with the number
     of agents they were trained for, protocols with ``env_kwargs``'s (``single`` with one agent). Checkpoints
     are loaded here, once (a missing file fails now); ``threads``: see ``PolicyActor``. ``trace``: a
-    ``deliberation_env.traces.TraceWriter`` every entry's envs write their episodes to, labelled with the
+    ``deliberation_env.analysis.traces.TraceWriter`` every entry's envs write their episodes to, labelled with the
     entry's name (the caller closes it)."""
     import deliberation_env
 
@@ -217,7 +220,7 @@ def open_trace(path: str | None) -> Any:
     """A ``TraceWriter`` appending to ``path`` (None without a path)."""
     if not path:
         return None
-    from deliberation_env.traces import TraceWriter
+    from deliberation_env.analysis.traces import TraceWriter
 
     return TraceWriter(path)
 
@@ -367,7 +370,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--metrics", nargs="*", default=[], help="[name=]run dir or metrics.jsonl for learning curves")
     parser.add_argument("--out", default="runs/eval", help="where table.md/.csv and the PNG plots go")
     parser.add_argument("--trace", default=None, metavar="FILE.jsonl",
-                        help="append one JSON line per episode (deliberation_env.traces), labelled with the entry name")
+                        help="append one JSON line per episode (deliberation_env.analysis.traces), labelled with the entry name")
     add_backend_arguments(parser.add_argument_group("LLM backend"))
     return parser
 

@@ -1,4 +1,4 @@
-"""Fixed meta-policies (METHOD.md section 3), as policies over the same environment.
+"""Fixed meta-policies (docs/method.md, section 6 "Fixed protocols"), as policies over the same environment.
 
 A protocol maps the step's observations and infos to one action per live agent:
 ``protocol.act(observations, infos) -> {agent: action}``. They read the confidence and
@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
-PERSIST, REFINE, CONCEDE = 0, 1, 2
+from deliberation_env.core.deliberation import Action
 
 
 class FixedProtocol(ABC):
+    """A meta-policy that needs no training: ``act(observations, infos) -> {agent: action}``."""
+
     name = "fixed"
 
     def reset(self, seed: int | None = None) -> None:
@@ -38,14 +40,18 @@ class FixedProtocol(ABC):
 
 
 class Constant(FixedProtocol):
-    def __init__(self, action: int, name: str):
-        self.action, self.name = action, name
+    """Every agent takes the same action every round."""
+
+    def __init__(self, action: Action, name: str):
+        self.action, self.name = int(action), name
 
     def act(self, observations, infos):
         return {agent: self.action for agent in observations}
 
 
 class Threshold(FixedProtocol):
+    """PERSIST when confident, else CONCEDE to a more confident peer, else REFINE."""
+
     name = "threshold"
 
     def __init__(self, threshold: float = 0.7):
@@ -56,16 +62,19 @@ class Threshold(FixedProtocol):
         for agent, obs in observations.items():
             info = infos[agent]
             target = info.get("concede_target")
+            can_concede = target is not None and obs["action_mask"][Action.CONCEDE]
             if info["confidence"] >= self.threshold:
-                actions[agent] = PERSIST
-            elif target is not None and obs["action_mask"][CONCEDE] and infos[target]["confidence"] > info["confidence"]:
-                actions[agent] = CONCEDE
+                actions[agent] = int(Action.PERSIST)
+            elif can_concede and infos[target]["confidence"] > info["confidence"]:
+                actions[agent] = int(Action.CONCEDE)
             else:
-                actions[agent] = REFINE
+                actions[agent] = int(Action.REFINE)
         return actions
 
 
 class RandomLegal(FixedProtocol):
+    """A uniformly random legal action (seeded; ``reset(seed)`` reseeds)."""
+
     name = "random"
 
     def __init__(self, seed: int = 0):
@@ -84,6 +93,8 @@ class RandomLegal(FixedProtocol):
 
 
 class Oracle(FixedProtocol):
+    """The privileged ``oracle_action`` info: an upper bound, never a fair competitor."""
+
     name = "oracle"
 
     def act(self, observations, infos):
@@ -93,9 +104,9 @@ class Oracle(FixedProtocol):
 def make_protocol(name: str, **kwargs: Any) -> FixedProtocol:
     """A fixed protocol by name (see the table in the module docstring)."""
     factories = {
-        "single": lambda: Constant(PERSIST, "single"),
-        "self_consistency": lambda: Constant(PERSIST, "self_consistency"),
-        "debate": lambda: Constant(REFINE, "debate"),
+        "single": lambda: Constant(Action.PERSIST, "single"),
+        "self_consistency": lambda: Constant(Action.PERSIST, "self_consistency"),
+        "debate": lambda: Constant(Action.REFINE, "debate"),
         "threshold": lambda: Threshold(**kwargs),
         "random": lambda: RandomLegal(**kwargs),
         "oracle": lambda: Oracle(),

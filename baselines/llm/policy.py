@@ -1,4 +1,4 @@
-"""The LLM agents as trainable policies, for ``baselines.train_llm``: loading, per-agent samplers, token
+"""The LLM agents as trainable policies, for ``baselines.llm.train_llm``: loading, per-agent samplers, token
 log-probabilities, the token-level loss and Hugging Face checkpoints.
 
 Weights (``TeamPolicy(weights=...)``):

@@ -1,5 +1,5 @@
-"""Evaluation and plots of ``baselines.train_llm``: the team before and after fine-tuning, through the meta-policy
-evaluation code (``baselines.evaluate``), with Wilson 95% intervals on the pooled accuracy."""
+"""Evaluation and plots of ``baselines.llm.train_llm``: the team before and after fine-tuning, through the meta-policy
+evaluation code (``baselines.evaluation.evaluate``), with Wilson 95% intervals on the pooled accuracy."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from baselines.stats import wilson_interval
+from baselines.llm.config import text_env_kwargs
+from deliberation_env.analysis.metrics import wilson_interval
 
 
 def meta_env(cfg: Any, backends: Sequence[Any] | None, check_problems: bool = False) -> Any:
     """The meta-action env on the test split with the training settings, the agents answered by ``backends``
     (one per agent; None: the sim backend, for checking the settings). The meta-policy's schedule becomes the
-    protocol of the same name (``baselines.protocols``)."""
+    protocol of the same name (``deliberation_env.protocols``)."""
     import deliberation_env
-    from baselines.train_llm import text_env_kwargs
     from deliberation_env.text_rewards import split_weights
 
     kwargs = text_env_kwargs(cfg, "test")
@@ -26,17 +26,17 @@ def meta_env(cfg: Any, backends: Sequence[Any] | None, check_problems: bool = Fa
     env = deliberation_env.parallel_env(backend=list(backends) if backends is not None else "sim",
                                         reward_weights=round_weights, **kwargs)
     if check_problems:
-        from baselines.evaluate import check_problem_count
+        from baselines.evaluation.evaluate import check_problem_count
 
         check_problem_count(env, cfg.eval_problems)
     return env
 
 
 def evaluate_team(name: str, backends: Sequence[Any], cfg: Any) -> dict[str, Any]:
-    """One evaluation row (``baselines.evaluate.evaluate_entries``) of the team answered by ``backends``, plus
+    """One evaluation row (``baselines.evaluation.evaluate.evaluate_entries``) of the team answered by ``backends``, plus
     ``accuracy_low``/``accuracy_high``: the Wilson 95% interval over all problems and seeds."""
-    from baselines.evaluate import evaluate_entries
-    from baselines.protocols import make_protocol
+    from baselines.evaluation.evaluate import evaluate_entries
+    from deliberation_env.protocols import make_protocol
 
     seeds = list(range(cfg.eval_seeds))
     episodes = cfg.eval_problems * len(seeds)
@@ -57,7 +57,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def save_comparison(rows: Sequence[dict[str, Any]], out: str, cfg: Any) -> str:
     """``table.md/.csv`` (the meta-policy evaluation's table) and ``before_after.md`` (Wilson intervals)."""
-    from baselines.evaluate import save_table
+    from baselines.evaluation.evaluate import save_table
 
     save_table(rows, out)
     text = (f"Team of {cfg.agents} x {cfg.model} ({cfg.meta_policy}), {cfg.task} test split, {cfg.eval_problems} "
@@ -71,7 +71,7 @@ def save_comparison(rows: Sequence[dict[str, Any]], out: str, cfg: Any) -> str:
 def plot_reward_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
     """One panel per reward term (``reward_<name>``, per-agent episode means) and the team's accuracy and return
     against updates."""
-    from baselines.evaluate import headless_pyplot
+    from baselines.evaluation.evaluate import headless_pyplot
 
     plt = headless_pyplot()
     keys = [k for k in ("accuracy", "team_return") if any(k in r for r in rows)]

@@ -9,7 +9,7 @@ its calls); other PettingZoo envs are stepped one by one. Episodes of one group 
 seed, so they start from the same state and differ only in the sampled actions (and in
 whatever randomness the environment draws after them). Each episode samples its actions from
 its own stream, ``SeedSequence([*key, spec.stream])``, so an episode plays the same whichever
-batch, wave or rollout worker (``baselines.distributed``) plays it.
+batch, wave or rollout worker (``baselines.meta.distributed``) plays it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pettingzoo import ParallelEnv
 
-from baselines.common import ObsLayout, Policy, encode, encode_many
+from baselines.meta.policy import ObsLayout, Policy, encode, encode_many
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.vector import BatchedEnvs
 
@@ -258,18 +258,6 @@ def trajectories(ro: Rollouts) -> list[np.ndarray]:
 
 def _keys(columns: np.ndarray) -> np.ndarray:
     return np.unique(columns, axis=0, return_inverse=True)[1].reshape(-1)
-
-
-def grouped_apply(values: np.ndarray, keys: np.ndarray, units: np.ndarray,
-                  fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """``fn`` applied per key to one value per unit (episode), e.g. a group's K returns; broadcast back."""
-    out = np.zeros(len(values))
-    order = np.argsort(keys, kind="stable")
-    cuts = np.flatnonzero(np.diff(keys[order])) + 1
-    for rows in np.split(order, cuts) if len(order) else []:
-        episodes, first, inverse = np.unique(units[rows], return_index=True, return_inverse=True)
-        out[rows] = np.asarray(fn(values[rows][first]), dtype=np.float64)[inverse.reshape(-1)]
-    return out
 
 
 def rollout_metrics(ro: Rollouts, reward_scale: float = 1.0) -> dict[str, float]:

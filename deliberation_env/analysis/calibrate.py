@@ -1,14 +1,14 @@
 """Fit the simulator to real episode traces, and measure how faithful the fitted simulator is.
 
-    python -m deliberation_env.calibrate TRACES.jsonl -o sim.json
-    python -m deliberation_env.calibrate --compare HELDOUT.jsonl sim.json -o report/
+    python -m deliberation_env.analysis.calibrate TRACES.jsonl -o sim.json
+    python -m deliberation_env.analysis.calibrate --compare HELDOUT.jsonl sim.json -o report/
 
-The fit reads events off the traces (``deliberation_env.traces``) and estimates every
+The fit reads events off the traces (``deliberation_env.analysis.traces``) and estimates every
 ``SimConfig`` knob by the sim's own model of that event (``docs/calibration.md`` lists each
 knob, its events and its estimator). A knob without enough events keeps its default, and the
 output says so under ``calibration.defaults_kept``. ``--compare`` replays the held-out episodes
 (same problems, episode seeds and protocols, named by the trace labels) on the fitted sim and
-reports real vs sim (``deliberation_env.fidelity``).
+reports real vs sim (``deliberation_env.analysis.fidelity``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 from scipy import optimize, stats
 
+from deliberation_env.analysis.metrics import auroc
+from deliberation_env.analysis.traces import Episode, TraceError, read_traces
 from deliberation_env.backends.sim import SimConfig, problem_difficulty, solve_probability
+from deliberation_env.core.deliberation import Action
 from deliberation_env.core.features import text_profile
-from deliberation_env.metrics import auroc
-from deliberation_env.traces import Episode, TraceError, read_traces
 
 MIN_EVENTS = 20
 """Fewer events than this leave a knob at its default (fewer round-0 solutions is an error)."""
@@ -86,7 +87,7 @@ def extract_events(episodes: Sequence[Episode]) -> Events:
                     events.texts.append((agent.correct, agent.text))
         for before, after in zip(episode.rounds, episode.rounds[1:]):
             for i, agent in enumerate(after.agents):
-                if agent.action != "REFINE":
+                if agent.action != Action.REFINE.name:
                     continue
                 peers = [before.agents[(i + k) % n] for k in range(1, n)]
                 events.refines.append({
@@ -376,7 +377,7 @@ def write_config(config: SimConfig, notes: dict[str, Any], path: str | Path) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deliberation_env.calibrate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m deliberation_env.analysis.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", help="a trace file (JSON lines) written with parallel_env(trace=...)")
     parser.add_argument("sim_config", nargs="?", help="with --compare: the fitted sim.json")
@@ -389,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.compare:
             if args.sim_config is None:
                 parser.error("--compare needs the sim config: --compare HELDOUT.jsonl sim.json")
-            from deliberation_env.fidelity import compare
+            from deliberation_env.analysis.fidelity import compare
 
             print(compare(episodes, args.sim_config, Path(args.output or "fidelity_report")), end="")
             return 0

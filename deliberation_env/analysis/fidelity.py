@@ -5,7 +5,7 @@ settings, problem, episode seed, agents, rounds, options, and the protocol named
 then reports per protocol the accuracy and tokens, real vs sim; the Spearman correlation of the
 protocols' accuracy ranking; the REFINE transition rates and the confidence AUROC, real vs sim.
 It writes ``report.md``, ``report.png`` and the sim's own trace (``sim_traces.jsonl``) to ``outdir``
-and returns the Markdown. Used by ``python -m deliberation_env.calibrate --compare``.
+and returns the Markdown. Used by ``python -m deliberation_env.analysis.calibrate --compare``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from deliberation_env.metrics import auroc, spearman
-from deliberation_env.traces import Episode, TraceWriter, read_traces
+from deliberation_env.analysis.metrics import auroc, spearman
+from deliberation_env.analysis.traces import Episode, TraceWriter, read_traces
+from deliberation_env.core.deliberation import Action
+from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
@@ -41,7 +43,7 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
     for episode in episodes:
         for before, after in zip(episode.rounds, episode.rounds[1:]):
             for agent_before, agent in zip(before.agents, after.agents):
-                if agent.action == "REFINE":
+                if agent.action == Action.REFINE.name:
                     key = "right_to_wrong" if agent_before.correct else "wrong_to_right"
                     fixed[key][0] += agent.correct != agent_before.correct
                     fixed[key][1] += 1
@@ -59,9 +61,8 @@ def _episode_tokens(episode: Episode) -> int:
 
 def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, trace_path: Path) -> tuple[list[Episode], list[str]]:
     """Play each episode's protocol on the sim with the episode's problem and seed; returns (sim episodes, notes)."""
-    import deliberation_env
-    from baselines.protocols import PROTOCOLS, make_protocol
     from deliberation_env.backends.sim import SimBackend
+    from deliberation_env.env import DeliberationEnv
 
     backend = SimBackend(config=sim_config)
     notes: list[str] = []
@@ -82,7 +83,7 @@ def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, tr
             key = repr((episode.task, sorted(episode.task_settings.items()), episode.split, episode.num_agents,
                         episode.max_rounds, sorted(options.items()), episode.label))
             if key not in envs:
-                env = deliberation_env.parallel_env(
+                env = DeliberationEnv(
                     task=episode.task, task_kwargs=episode.task_settings, split=episode.split, backend=backend,
                     num_agents=episode.num_agents, max_rounds=episode.max_rounds, trace=writer,
                     trace_label=episode.label, **options)
@@ -107,8 +108,6 @@ def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: 
         raise ValueError("the held-out traces hold no episodes")
     outdir.mkdir(parents=True, exist_ok=True)
     simulated, notes = replay_on_sim(episodes, sim_config, outdir / "sim_traces.jsonl")
-    from baselines.protocols import PROTOCOLS
-
     real, sim = summarize([e for e in episodes if e.label in PROTOCOLS]), summarize(simulated)
     labels = [label for label in real["protocols"] if label in sim["protocols"]]
     shown = os.fspath(sim_config)  # relative to the working folder when inside it: reports travel

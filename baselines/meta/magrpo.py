@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from baselines.common import Policy
-from baselines.group_trainer import GroupConfig, train_grouped
-from baselines.grpo import group_normalized
-from baselines.rollout import Rollouts, grouped_apply, team_returns
+from baselines.advantages import group_normalized, grouped_apply
+from baselines.meta.group_trainer import GroupConfig, train_grouped
+from baselines.meta.policy import Policy
+from baselines.meta.rollout import Rollouts, team_returns
 
 
 @dataclass

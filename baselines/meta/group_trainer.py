@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.common import Policy, agent_layout, kl_and_entropy, save_checkpoint, seed_everything
-from baselines.config import BaseConfig, make_env_fn
-from baselines.distributed import open_collector
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.rollout import EpisodeSpec, Rollouts, rollout_metrics, sampling_key
+from baselines.meta.config import BaseConfig, make_env_fn
+from baselines.meta.distributed import open_collector
+from baselines.meta.policy import Policy, agent_layout, kl_and_entropy, save_checkpoint
+from baselines.meta.rollout import EpisodeSpec, Rollouts, rollout_metrics, sampling_key
+from baselines.runtime import seed_everything
 
 
 @dataclass
@@ -109,7 +110,7 @@ def update(policy: Policy, reference: Policy | None, optimizer: torch.optim.Opti
 
 
 def load_into(policy: Policy, path: str) -> Policy:
-    from baselines.common import load_checkpoint
+    from baselines.meta.policy import load_checkpoint
 
     policy.load_state_dict(load_checkpoint(path)["state_dict"])
     return policy

