@@ -21,9 +21,10 @@ import deliberation_env
 from baselines.evaluation.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes
 from baselines.meta.policy import load_policy
 from baselines.meta.softrankpo import SoftRankPOConfig, train
+from deliberation_env import Action
 from deliberation_env.protocols import make_protocol
 
-NAMES = ("PERSIST", "REFINE", "CONCEDE")
+NAMES = tuple(action.name for action in Action)
 
 
 def action_shares(actor, problems: int, seeds: list[int]) -> tuple[np.ndarray, float]:

@@ -1,4 +1,4 @@
-"""Accuracy and tokens of the fixed protocols (METHOD.md section 3) on the sim backend.
+"""Accuracy and tokens of the fixed protocols (docs/method.md, section 6) on the sim backend.
 
     python bench/protocols.py --problems 300 --seeds 0 1 2
 

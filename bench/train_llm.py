@@ -21,7 +21,7 @@ right; ``format`` is 1 per turn when the task's extractor can read an answer (te
 The CPU study of docs/train_llm.md (2 agents, Qwen2.5-Coder-0.5B-Instruct GGUF, one LoRA adapter each, bfloat16,
 arithmetic level 0, 1 debate round):
 
-    bash ../shared/models/qwen05.sh   # or any copy of the GGUF
+    # the Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (hub: Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF), any path
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \\
         --updates 25 --eval-problems 100
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \

@@ -1,10 +1,10 @@
 """Evaluate a trained meta-policy and the fixed protocols on GSM8K with the sim backend.
 
 The sim backend simulates the LLM on real GSM8K problems (the gold answers drive it), so no
-model is needed. The data is read from ``$DELIBERATION_ENV_DATA/gsm8k/test.jsonl`` (e.g. the
-``shared/data`` folder beside the repository):
+model is needed. The data is read from ``$DELIBERATION_ENV_DATA/gsm8k/test.jsonl`` (a data folder laid out as docs/tasks.md
+describes):
 
-    DELIBERATION_ENV_DATA=../shared/data python examples/evaluate_gsm8k.py runs/softrankpo-seed0/policy.pt
+    DELIBERATION_ENV_DATA=path/to/data python examples/evaluate_gsm8k.py runs/softrankpo-seed0/policy.pt
 
 (train one first with ``python -m baselines.train --algo softrankpo``). Same as the CLI:
 ``python -m baselines.evaluate --task gsm8k --checkpoints runs/softrankpo-seed0/policy.pt --problems 100``.

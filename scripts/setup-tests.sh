@@ -33,4 +33,4 @@ if ! command -v bwrap >/dev/null 2>&1; then
         echo "setup-tests.sh: bubblewrap is missing; install it (e.g. sudo apt-get install bubblewrap)" >&2
     fi
 fi
-echo "setup-tests.sh: ready; the benchmark data is read from \${DELIBERATION_ENV_DATA:-../shared/data}"
+echo "setup-tests.sh: ready; tests that need the benchmark data read it from \$DELIBERATION_ENV_DATA (docs/tasks.md)"
