@@ -13,8 +13,13 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 |                    | ``"masked"`` for a Box or ``{"observation", "action_mask"}`` (``formats``)   |
 | Episode length     | ``max_rounds`` steps (default 3); optionally earlier, see ``early_stop``    |
 
-Observation of agent i (F = ``features.NUM_FEATURES`` = 16 floats in [0, 1] per agent, see
-``deliberation_env.core.features`` for every column):
+Observation of agent i (F floats in [0, 1] per agent; ``deliberation_env.core.features`` has every column).
+The ``features`` option picks the feature set: ``"v1"`` (default, F = 16: answer schema, critic confidence,
+reasoning profile, last action, round) or ``"v2"`` (F = 23: v1's 16 columns, then signals of the agent's
+latest completion: the probability of its answer's tokens, whether it was cut at ``max_tokens``, how often it
+repeats its answer, whether its equations hold, code, and whether its concede target holds the team answer). v2
+asks the backend for token log-probabilities (the same requests otherwise: replay sets serve it); a
+backend that gives none leaves those columns at documented neutral values.
 
 | key            | space                         | content                                                 |
 |----------------|-------------------------------|---------------------------------------------------------|
@@ -109,7 +114,9 @@ class DeliberationEnv(ParallelEnv):
                 raise ValueError(f"max_cycles={max_cycles!r} and max_rounds={max_rounds!r} disagree; pass only one")
             max_rounds = max_cycles
         self.config = DeliberationConfig(num_agents=num_agents, max_rounds=max_rounds, **options)
-        self.format = ObservationFormat(num_agents, observation, action_mask, action_mask_key, observation_key, infos)
+        width = features.num_features(self.config.features)
+        self.format = ObservationFormat(num_agents, observation, action_mask, action_mask_key, observation_key, infos,
+                                        width)
         self.task = self._make_task(task, data_dir, dict(task_kwargs or {}))
         self.split = split
         self.problems: Sequence[Problem] = self.task.problems(split)
@@ -127,7 +134,7 @@ class DeliberationEnv(ParallelEnv):
         self.agents: list[str] = []
         self._index = {name: i for i, name in enumerate(self.possible_agents)}
         self.observation_spaces = {agent: self.format.space for agent in self.possible_agents}
-        self.state_space = gymnasium.spaces.Box(0.0, 1.0, (num_agents * features.NUM_FEATURES,), np.float32)
+        self.state_space = gymnasium.spaces.Box(0.0, 1.0, (num_agents * width,), np.float32)
         self.action_spaces = {agent: gymnasium.spaces.Discrete(len(Action)) for agent in self.possible_agents}
         self.deliberation = Deliberation(self.task, self.config)
         self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]

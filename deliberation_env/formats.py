@@ -12,6 +12,9 @@ and formats every observation and info through it (docs/interop.md has a recipe 
   ``action_mask_key`` (default ``"action_mask"``).
 - ``infos="full" | "numeric" | "none"``: ``numeric`` keeps only float values (strings and None
   become indices or -1), with the same keys every step, for libraries that stack infos into arrays.
+
+Every format carries F floats per agent, F the width of the env's feature set (``features="v1"``: 16,
+``"v2"``: 23; ``core.features``): ``ObservationFormat(width=F)``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class ObservationFormat:
     """Builds the observation space once and converts the env's dict observations and infos to it."""
 
     def __init__(self, num_agents: int, observation: str = "dict", action_mask: str = "observation",
-                 action_mask_key: str = "action_mask", observation_key: str = "observation", infos: str = "full"):
+                 action_mask_key: str = "action_mask", observation_key: str = "observation", infos: str = "full",
+                 width: int = features.NUM_FEATURES):
         _check("observation", observation, OBSERVATION_MODES)
         _check("action_mask", action_mask, ACTION_MASK_PLACES)
         _check("infos", infos, INFO_MODES)
@@ -68,10 +72,10 @@ class ObservationFormat:
         self.mask_in_observation = action_mask in ("observation", "both")
         self.mask_in_info = action_mask in ("info", "both")
         self._flat_keys = (*FEATURE_KEYS, "action_mask") if self.mask_in_observation else FEATURE_KEYS
-        self.space = self._build_space(num_agents)
+        self.space = self._build_space(num_agents, width)
 
-    def _build_space(self, num_agents: int) -> gymnasium.spaces.Space:
-        peers, width = num_agents - 1, features.NUM_FEATURES
+    def _build_space(self, num_agents: int, width: int) -> gymnasium.spaces.Space:
+        peers = num_agents - 1
         mask = gymnasium.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8)
         if self.mode == "dict":
             parts = {

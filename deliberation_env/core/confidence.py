@@ -84,22 +84,32 @@ def answer_confidence(completion: Completion, answer: str | None) -> tuple[float
     answer is not spelled out verbatim (or there is none), the geometric-mean token probability of
     the whole completion; ``default``: 0.5 without usable log-probabilities.
     """
-    pieces = _token_logprobs(completion.token_logprobs)
+    pieces = well_formed_logprobs(completion.token_logprobs)
     if not pieces:
         return 0.5, "default"
-    text = "".join(token for token, _ in pieces)
-    start = text.rfind(answer) if answer else -1
-    if start >= 0:
-        end, offset, total = start + len(answer), 0, 0.0
-        for token, logprob in pieces:
-            if offset < end and offset + len(token) > start:
-                total += logprob
-            offset += len(token)
+    total = answer_logprob(pieces, answer)
+    if total is not None:
         return exp(total), "answer_logprobs"
     return exp(sum(v for _, v in pieces) / len(pieces)), "sequence_logprobs"
 
 
-def _token_logprobs(items: object) -> list[tuple[str, float]]:
+def answer_logprob(pieces: list[tuple[str, float]], answer: str | None) -> float | None:
+    """The summed log-probability of the tokens that spell the answer's last occurrence in the text the
+    (token, logprob) ``pieces`` make, or None where the answer is not spelled out verbatim (or there is none)."""
+    if not answer:
+        return None
+    start = "".join(token for token, _ in pieces).rfind(answer)
+    if start < 0:
+        return None
+    end, offset, total = start + len(answer), 0, 0.0
+    for token, logprob in pieces:
+        if offset < end and offset + len(token) > start:
+            total += logprob
+        offset += len(token)
+    return total
+
+
+def well_formed_logprobs(items: object) -> list[tuple[str, float]]:
     """The well-formed (token, logprob <= 0) pairs of a backend's per-token log-probabilities."""
     pieces = []
     for item in items if isinstance(items, (list, tuple)) else ():

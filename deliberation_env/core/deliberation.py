@@ -90,6 +90,10 @@ class DeliberationConfig:
     """When set, every episode draws its generations from one of this many sample streams per problem: the
     episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream)``. Replay sets record S
     streams per problem and set this to S; None (the default) uses the episode seed itself."""
+    features: str = "v1"
+    """The observation's feature set (``core.features.FEATURE_SETS``): ``v1``, or ``v2``, which adds signals read
+    off each agent's latest completion and asks the backend for token log-probabilities (the requests' replay keys
+    stay the same: a replay set serves both)."""
 
     def __post_init__(self) -> None:
         _check_int("num_agents", self.num_agents, 1)
@@ -100,6 +104,7 @@ class DeliberationConfig:
             _check_int("streams", self.streams, 1)
         if self.confidence not in CONFIDENCE_SOURCES:
             raise ValueError(f"confidence must be one of {CONFIDENCE_SOURCES}, got {self.confidence!r}")
+        features.feature_names(self.features)  # ValueError naming the feature sets
         if self.concede_target not in CONCEDE_TARGETS:
             raise ValueError(f"concede_target must be one of {CONCEDE_TARGETS}, got {self.concede_target!r}")
         for name in ("temperature", "critic_temperature"):
@@ -125,6 +130,8 @@ class AgentState:
     confidence: float = 0.5
     confidence_source: str = "none"
     profile: tuple[float, ...] = (0.0,) * len(features.PROFILE_FEATURES)
+    signals: features.CompletionSignals = features.NO_SIGNALS
+    """The raw signals of its latest completion (kept with ``features="v2"``; a CONCEDE takes its target's)."""
     last_action: Action | None = None
     refinements: int = 0
     step_tokens: int = 0
@@ -196,6 +203,8 @@ class Deliberation:
         """When a list (episode traces), receive() appends (agent, kind, prompt_tokens, completion_tokens)."""
         count = config.num_agents
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
+        self._signals = config.features != "v1"
+        self._width = features.num_features(config.features)
 
     # ----------------------------------------------------------------- phases
     def start(self, problem: Problem, seed: int) -> None:
@@ -370,11 +379,11 @@ class Deliberation:
         return Action.REFINE
 
     def feature_matrix(self) -> np.ndarray:
-        """One row of ``features.FEATURES`` per agent (float32, shape (N, NUM_FEATURES))."""
+        """One row of the config's feature set per agent (float32, shape (N, F); ``core.features``)."""
         answers = [a.answer for a in self.agents]
         consensus = self.consensus()
         supports = support(answers)
-        rows = np.zeros((len(self.agents), features.NUM_FEATURES), dtype=np.float32)
+        rows = np.zeros((len(self.agents), self._width), dtype=np.float32)
         for i, agent in enumerate(self.agents):
             row = rows[i]
             row[0] = agent.answer is not None
@@ -383,7 +392,11 @@ class Deliberation:
             row[3] = agent.confidence
             row[features.PROFILE_OFFSET : features.ACTION_OFFSET] = agent.profile
             row[features.ACTION_OFFSET + (0 if agent.last_action is None else 1 + agent.last_action)] = 1.0
-        rows[:, -1] = self.round / self.config.max_rounds
+            if self._signals:
+                target = self.concede_target(i)
+                row[features.SIGNAL_OFFSET : -1] = agent.signals.row()
+                row[-1] = target is not None and self.agents[target].answer == consensus
+        rows[:, features.NUM_FEATURES - 1] = self.round / self.config.max_rounds
         return rows
 
     def peer_indices(self, agent: int) -> list[int]:
@@ -416,7 +429,7 @@ class Deliberation:
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
             temperature=config.critic_temperature if critic else config.temperature,
             logprobs=critic and config.confidence == "critic",
-            token_logprobs=not critic and config.confidence == "answer_logprobs",
+            token_logprobs=not critic and (config.confidence == "answer_logprobs" or self._signals),
             context=self._context(agent, peer_states),
             episode=self._episode,
         )
@@ -455,6 +468,8 @@ class Deliberation:
         changed = answer != agent.answer
         agent.text, agent.answer = text, answer
         agent.correct = self.grade(answer)
+        if self._signals:
+            agent.signals = features.completion_signals(completion, answer)
         length = min(completion.completion_tokens / self.config.max_tokens, 1.0)
         agent.profile = (
             text_features[0],
@@ -469,6 +484,7 @@ class Deliberation:
         agent = self.agents[index]
         changed = source.answer != agent.answer
         agent.text, agent.answer, agent.correct = source.text, source.answer, source.correct
+        agent.signals = source.signals
         agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))
         if self.config.reintrospect_concede and self.config.confidence != "answer_logprobs":
             self._changed.append(index)
