@@ -12,6 +12,7 @@ and termination are the meta-action env's, plus the named turn terms of
 | Import          | ``deliberation_env.text_env(task="arithmetic", meta_policy="debate")``             |
 |-----------------|-------------------------------------------------------------------------------------|
 | Actions         | ``UnicodeText(max_action_chars)``: the completion, any str of at most that length    |
+|                 | (``step`` also takes a ``Completion``: its text, token counts and log-probabilities) |
 | Observation     | Dict: ``kind`` Discrete(4), ``messages`` Sequence of {role, content}, ``features``   |
 | Step            | one phase of the core: every agent with a request answers it; the others wait      |
 | Episode length  | round 0 (solve, critic), then per round a refine and a critic step where any: 2 to 2 + 2 * max_rounds steps |
@@ -26,12 +27,20 @@ and termination are the meta-action env's, plus the named turn terms of
 Critic (confidence) calls: with ``critic="agent"`` (default) they are the agents' own turns
 (an agent states its confidence in its own answer; read from the text, as ``critic_text``);
 with a backend (a name such as ``"sim"`` or a ``Backend``) that backend answers them and the
-agents never see them; ``confidence="answer_logprobs"`` makes none (text actions carry no
-log-probabilities, so that confidence stays 0.5).
+agents never see them; ``confidence="answer_logprobs"`` makes none.
+
+An action is a str, or the sampler's ``Completion`` (``deliberation_env.backends.base``). A str carries no
+log-probabilities (``answer_logprobs`` confidence stays 0.5; a critic's Yes/No log-probabilities are absent) and its
+tokens are counted with ``count_tokens``; a ``Completion`` is handed to the core as the meta-action env hands it a
+backend's, with its token counts, ``token_logprobs`` and ``top_logprobs``: confidences, the consensus tie-break and
+the token costs are then those of the meta-action env with that backend.
+
+``fork()`` branches an episode: an independent env in the same state (tree rollouts, ``baselines.llm.rollout``).
 """
 
 from __future__ import annotations
 
+import copy
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,7 +50,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from deliberation_env import text_rewards
-from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens
+from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens, sanitize_completion
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
 from deliberation_env.env import DeliberationEnv, generate_grouped
@@ -175,19 +184,31 @@ class TextDeliberationEnv(ParallelEnv):
         return self._observations(), infos
 
     def step(self, actions: Mapping[str, Any]):
-        texts = self._validate(actions)
+        answers = self._validate(actions)
         turns: dict[int, text_rewards.TurnFacts] = {}
         for i, position in self._turns.items():
-            turns[i] = self._answer(position, texts[i])
+            turns[i] = self._answer(position, answers[i])
         if all(answer is not None for answer in self._answers):
-            self.deliberation.receive(self._answers)  # type: ignore[arg-type]
+            self.deliberation.receive(self._answers)
             closed = self._advance()
         else:  # an agent has several requests in this phase: it answers the next one in the next step
             self._assign_turns()
             closed = []
         return self._finish_step(turns, closed)
 
-    def score(self, agent: str, texts: Sequence[str]) -> list[dict[str, float]]:
+    def fork(self) -> TextDeliberationEnv:
+        """An independent env in this env's state: stepping the fork leaves this env as it was, and the reverse.
+
+        A deep copy that shares what an episode never changes (the task and its problems, the backends, the spaces,
+        ``count_tokens``); the meta-policy is copied with the env (a protocol's state, e.g. ``random``'s generator,
+        branches too: give a policy holding large weights a ``__deepcopy__`` that shares them)."""
+        meta = self.meta
+        shared = [self.task, meta.problems, self.deliberation.problem, self.count_tokens, self.config, meta.config,
+                  self.observation_spaces, self.action_spaces, meta.observation_spaces, meta.action_spaces, meta.format,
+                  meta.state_space, *meta.backends]
+        return copy.deepcopy(self, {id(item): item for item in shared})
+
+    def score(self, agent: str, texts: Sequence[str | Completion]) -> list[dict[str, float]]:
         """The turn terms (and their weighted ``reward``) of candidate completions for ``agent``'s request.
 
         Nothing advances: a trainer samples G completions, scores them here for group-relative
@@ -197,9 +218,10 @@ class TextDeliberationEnv(ParallelEnv):
         if index is None or index not in self._turns:
             raise ValueError(f"{agent!r} has no request to answer now; agents with one: {sorted(self.requests)}")
         scores = []
+        request = self._pending[self._turns[index]]
         for text in texts:
             self._check_text(agent, text)
-            terms = text_rewards.turn_terms(self._facts(self._pending[self._turns[index]], text))
+            terms = text_rewards.turn_terms(self._facts(request, self._completion(request, text)))
             scores.append({**terms, "reward": text_rewards.weighted(terms, self.turn_weights)})
         return scores
 
@@ -218,7 +240,8 @@ class TextDeliberationEnv(ParallelEnv):
 
         Returns the (infos, rewards) of every round closed on the way, as the meta env gave them.
         """
-        meta, core, closed = self.meta, self.deliberation, []
+        meta, core = self.meta, self.deliberation
+        closed: list[tuple[dict[str, dict[str, Any]], dict[str, float]]] = []
         self._pending, self._answers, self._turns = [], [], {}  # until it returns: nothing to answer
         while True:
             requests = core.pending_requests()
@@ -253,21 +276,27 @@ class TextDeliberationEnv(ParallelEnv):
             if answer is None:
                 self._turns.setdefault(request.agent, position)
 
-    def _answer(self, position: int, text: str) -> text_rewards.TurnFacts:
+    def _answer(self, position: int, action: str | Completion) -> text_rewards.TurnFacts:
         request = self._pending[position]
-        self._answers[position] = Completion(text, sum(self.count_tokens(m.content) for m in request.messages),
-                                             self.count_tokens(text))
-        return self._facts(request, text)
+        completion = self._completion(request, action)
+        self._answers[position] = completion
+        return self._facts(request, completion)
 
-    def _facts(self, request: Request, text: str) -> text_rewards.TurnFacts:
+    def _completion(self, request: Request, action: str | Completion) -> Completion:
+        """The core's completion of an action: a str counted with ``count_tokens``, a ``Completion`` as it is."""
+        if isinstance(action, Completion):
+            return sanitize_completion(action)  # as the core will see it (unusable token counts become 0)
+        return Completion(action, sum(self.count_tokens(m.content) for m in request.messages), self.count_tokens(action))
+
+    def _facts(self, request: Request, completion: Completion) -> text_rewards.TurnFacts:
         core = self.deliberation
-        tokens = self.count_tokens(text)
+        tokens = completion.completion_tokens
         if request.kind == "critic":
-            confidence, source = parse_confidence(Completion(text, 0, tokens))
+            confidence, source = parse_confidence(completion)
             return text_rewards.TurnFacts("critic", source != "default", core.agents[request.agent].correct,
                                           confidence, tokens)
         try:
-            answer = self.task.extract_answer(text)
+            answer = self.task.extract_answer(completion.text)
         except Exception:  # as the core does: an extractor bug on odd output is no answer
             answer = None
         return text_rewards.TurnFacts(request.kind, answer is not None, core.grade(answer), None, tokens)
@@ -305,7 +334,7 @@ class TextDeliberationEnv(ParallelEnv):
         return observations, rewards, terminations, truncations, infos
 
     # ------------------------------------------------------------------ helpers
-    def _validate(self, actions: Mapping[str, Any]) -> dict[int, str]:
+    def _validate(self, actions: Mapping[str, Any]) -> dict[int, str | Completion]:
         if not self.agents:
             if self.deliberation.problem is None:
                 raise RuntimeError("step() called before reset(); call env.reset(seed=...) first")
@@ -322,12 +351,14 @@ class TextDeliberationEnv(ParallelEnv):
                            f"that waits); missing {missing}, unknown {extra}")
         for agent in self.agents:
             self._check_text(agent, actions[agent])
-        return {i: str(actions[agent]) for i, agent in enumerate(self.possible_agents) if agent in actions}
+        return {i: actions[agent] if isinstance(actions[agent], Completion) else str(actions[agent])
+                for i, agent in enumerate(self.possible_agents) if agent in actions}
 
-    def _check_text(self, agent: str, text: Any) -> None:
+    def _check_text(self, agent: str, action: Any) -> None:
+        text = action.text if isinstance(action, Completion) else action
         if not isinstance(text, str):
-            raise TypeError(f"the action of {agent} must be a str (its completion text), got {type(text).__name__}: "
-                            f"{text!r:.80}")
+            raise TypeError(f"the action of {agent} must be a str (its completion text) or a Completion, got "
+                            f"{type(action).__name__}: {action!r:.80}")
         if len(text) > self.max_action_chars:
             raise ValueError(f"the action of {agent} has {len(text)} characters, more than the action space's "
                              f"max_length {self.max_action_chars}: cap the completion (the request's max_tokens) "
@@ -342,14 +373,15 @@ class TextDeliberationEnv(ParallelEnv):
             i = self.possible_agents.index(agent)
             peers = core.peer_indices(i)
             request = self._pending[self._turns[i]] if i in self._turns else None
+            kind = "wait" if request is None else request.kind
             messages = () if request is None else tuple(m.as_dict() for m in request.messages)
             for message in messages:
                 if len(message["content"]) > self.max_prompt_chars:
-                    raise ValueError(f"a {request.kind} prompt of {agent} has {len(message['content'])} characters, "
+                    raise ValueError(f"a {kind} prompt of {agent} has {len(message['content'])} characters, "
                                      f"more than max_prompt_chars={self.max_prompt_chars}; pass a larger one")
             own = answers[i]
             observations[agent] = {
-                "kind": 0 if request is None else KINDS.index(request.kind),
+                "kind": KINDS.index(kind),
                 "messages": messages,
                 "features": {
                     "self": rows[i],

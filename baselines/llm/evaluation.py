@@ -1,10 +1,13 @@
-"""Evaluation and plots of ``baselines.llm.train_llm``: the team before and after fine-tuning, through the meta-policy
-evaluation code (``baselines.evaluation.evaluate``), with Wilson 95% intervals on the pooled accuracy."""
+"""Evaluation and plots of ``baselines.llm.train_llm``: the team before, during (``--eval-every``) and after
+fine-tuning, through the meta-policy evaluation code (``baselines.evaluation.evaluate``), with Wilson 95% intervals on
+the pooled accuracy."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -93,3 +96,22 @@ def plot_reward_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def report(cfg: Any, progress: Any, checkpoint: str, backend_kwargs: dict[str, Any]) -> None:
+    """After training (the main process): the settings next to the checkpoint, the reward curves, and with
+    ``--evaluate`` the reloaded checkpoint's evaluation next to the one before training and the best ``--eval-every``
+    team (``progress``: ``baselines.llm.checkpoint.Progress``)."""
+    from baselines.llm.policy import team_backends
+
+    with open(os.path.join(checkpoint, "train_config.json"), "w", encoding="utf-8") as f:
+        json.dump(asdict(cfg), f, indent=2, default=str)
+    if progress.rows:
+        plot_reward_curves(progress.rows, os.path.join(cfg.out, "reward_curves.png"))
+    if cfg.evaluate:
+        rows = list(progress.evaluations)
+        if progress.best is not None:
+            best = {k: v for k, v in progress.best.items() if k != "update"}
+            rows.append({**best, "name": f"best (update {progress.best['update']})"})
+        rows.append(evaluate_team("after", team_backends(checkpoint, **backend_kwargs), cfg))
+        print(save_comparison(rows, os.path.join(cfg.out, "eval"), replace(cfg, updates=progress.update)))

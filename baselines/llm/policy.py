@@ -31,6 +31,7 @@ from deliberation_env.backends.base import Completion, Request
 from deliberation_env.backends.decode import positions_from_mask
 
 WEIGHTS = ("shared", "lora", "separate")
+LOSS_NORMS = ("token", "sequence", "drgrpo")
 
 
 def adapter_name(agent: int) -> str:
@@ -82,21 +83,24 @@ class TeamPolicy:
 
     def __init__(self, model: str, num_agents: int, weights: str = "lora", lora: LoraSettings | None = None,
                  dtype: str = "float32", device: str = "cpu", batch_size: int = 16,
-                 converted_cache_dir: str | None = None, reference: bool = True):
+                 converted_cache_dir: str | None = None, reference: bool = True, devices: Sequence[str] | None = None):
+        """``devices``: one device per agent (``separate`` weights only: each agent's model on its own device)."""
         from deliberation_env.backends.transformers import TransformersBackend
 
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        if devices is not None and (weights != "separate" or len(devices) != num_agents):
+            raise ValueError(f"devices places one model per agent: give {num_agents} with weights='separate'")
         self.num_agents, self.weights, self.lora = num_agents, weights, lora or LoraSettings()
         source = resolve_model(model)
 
-        def load() -> TransformersBackend:
-            return TransformersBackend(source, dtype=dtype, device=device, batch_size=batch_size,
-                                       converted_cache_dir=converted_cache_dir)
+        def load(agent: int) -> TransformersBackend:
+            return TransformersBackend(source, dtype=dtype, device=devices[agent] if devices else device,
+                                       batch_size=batch_size, converted_cache_dir=converted_cache_dir)
 
-        first = load()
+        first = load(0)
         self.tokenizer = first.tokenizer
-        self.backends = [first] + [load() for _ in range(num_agents - 1)] if weights == "separate" else [first] * num_agents
+        self.backends = [first] + [load(i) for i in range(1, num_agents)] if weights == "separate" else [first] * num_agents
         self.references: list[Any] = []
         if weights == "lora":
             from peft import LoraConfig, get_peft_model
@@ -126,14 +130,35 @@ class TeamPolicy:
             self.backends[0].model.set_adapter(adapter_name(agent))
         return self.backends[agent].model
 
+    def named_parameter_groups(self) -> list[list[tuple[str, torch.nn.Parameter]]]:
+        """The trainable parameters with their names, one list per agent (``lora``/``separate``) or one list
+        (``shared``)."""
+        if self.weights == "shared":
+            return [list(self.backends[0].model.named_parameters())]
+        if self.weights == "separate":
+            return [list(b.model.named_parameters()) for b in self.backends]
+        named = list(self.backends[0].model.named_parameters())
+        return [[(n, p) for n, p in named if f".{adapter_name(i)}." in n] for i in range(self.num_agents)]
+
     def parameter_groups(self) -> list[list[torch.nn.Parameter]]:
         """The trainable parameters, one list per agent (``lora``/``separate``) or one list (``shared``)."""
-        if self.weights == "shared":
-            return [list(self.backends[0].model.parameters())]
-        if self.weights == "separate":
-            return [list(b.model.parameters()) for b in self.backends]
-        named = list(self.backends[0].model.named_parameters())
-        return [[p for n, p in named if f".{adapter_name(i)}." in n] for i in range(self.num_agents)]
+        return [[p for _, p in group] for group in self.named_parameter_groups()]
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the trainable weights on the CPU, keyed ``<group>/<parameter name>`` (training checkpoints)."""
+        return {f"{i}/{name}": p.detach().to("cpu", copy=True)
+                for i, group in enumerate(self.named_parameter_groups()) for name, p in group}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy ``trainable_state()``'s tensors back; ValueError when they belong to another team layout."""
+        mine = {f"{i}/{name}": p for i, group in enumerate(self.named_parameter_groups()) for name, p in group}
+        if mine.keys() != state.keys():
+            missing = sorted(mine.keys() - state.keys())[:1] or sorted(state.keys() - mine.keys())[:1]
+            raise ValueError(f"the saved weights do not match this team (weights={self.weights!r}, "
+                             f"{self.num_agents} agents, LoRA settings): first mismatch {missing[0]!r}")
+        with torch.no_grad():
+            for key, parameter in mine.items():
+                parameter.copy_(state[key])
 
     def group_of(self, agent: int) -> int:
         return 0 if self.weights == "shared" else agent
@@ -153,11 +178,13 @@ class TeamPolicy:
 
     # ------------------------------------------------------------------ log-probabilities
     def logprobs(self, agent: int, prompts: Sequence[list[int]], completions: Sequence[list[int]],
-                 temperatures: Sequence[float], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 temperatures: Sequence[float], reference: bool = False, entropy: bool = False) -> tuple[torch.Tensor, ...]:
         """(log pi(token | prefix), mask) of every completion token, shape (rows, longest completion).
 
         Logits are divided by the request's temperature (when > 0), as they were when sampling.
         ``reference``: under the initial model (adapters disabled, or the frozen copy), without gradients.
+        ``entropy``: also the entropy of each position's (temperature-scaled) next-token distribution, from the
+        same logits, without gradients: (log_p, mask, entropy).
         """
         model = self.model(agent)
         backend = self.backends[agent]
@@ -196,8 +223,14 @@ class TeamPolicy:
         rows = torch.arange(len(prompts))[:, None]
         picked = logits[rows, positions.to(device)].float()  # the logits that predicted each completion token
         scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)[:, None, None]
-        log_p = torch.log_softmax(picked / scale, dim=-1).gather(2, targets.to(device)[..., None]).squeeze(-1)
-        return log_p * mask.to(device), mask.to(device)
+        log_dist = torch.log_softmax(picked / scale, dim=-1)
+        log_p = log_dist.gather(2, targets.to(device)[..., None]).squeeze(-1)
+        mask = mask.to(device)
+        if not entropy:
+            return log_p * mask, mask
+        with torch.no_grad():  # a row at a time: one (longest x vocabulary) temporary, not a batch of them
+            position_entropy = torch.stack([-(row.exp() * row).sum(-1) for row in log_dist]) * mask
+        return log_p * mask, mask, position_entropy
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: str, merged: bool = False) -> dict[str, str]:
@@ -246,43 +279,74 @@ class TeamPolicy:
         self.tokenizer.save_pretrained(folder)
 
 
-def team_backends(folder: str, **backend_kwargs: Any) -> list[Any]:
+def team_backends(folder: str, devices: Sequence[str] | None = None, **backend_kwargs: Any) -> list[Any]:
     """One ``TransformersBackend`` per agent from a ``TeamPolicy.save`` folder (agents sharing a folder share one
-    backend), for ``deliberation_env.parallel_env(backend=...)``: the fine-tuned team plays the meta-action env."""
+    backend), for ``deliberation_env.parallel_env(backend=...)``: the fine-tuned team plays the meta-action env.
+    ``devices``: one per agent (a folder loads on its first agent's device)."""
     from deliberation_env.backends.transformers import TransformersBackend
 
     team_file = Path(folder, "team.json")
     if not team_file.is_file():
         raise FileNotFoundError(f"{str(team_file)!r} does not exist: give the checkpoint folder of baselines.train_llm")
+    paths = list(json.loads(team_file.read_text())["agents"].values())
     loaded: dict[str, Any] = {}
-    for path in json.loads(team_file.read_text())["agents"].values():
+    for agent, path in enumerate(paths):
         if path not in loaded:
-            loaded[path] = TransformersBackend(os.path.join(folder, path), **backend_kwargs)
-    return [loaded[path] for path in json.loads(team_file.read_text())["agents"].values()]
+            kwargs = {**backend_kwargs, **({"device": devices[agent]} if devices else {})}
+            loaded[path] = TransformersBackend(os.path.join(folder, path), **kwargs)
+    return [loaded[path] for path in paths]
+
+
+def row_normalizers(lengths: Sequence[int], loss_norm: str, batch_tokens: float, batch_completions: float,
+                    max_tokens: int) -> torch.Tensor:
+    """The divisor of each completion's summed per-token loss (``token_loss``'s ``normalizer``), from the whole
+    batch's counts (every micro-batch and process), so that accumulated micro-batches give the batch's loss:
+
+    - ``token``: the batch's completion tokens (a token-level mean: longer completions weigh more, DAPO);
+    - ``sequence``: the completion's own length x the batch's completions (GRPO: each completion's token mean,
+      then the mean over completions);
+    - ``drgrpo``: the batch's completions x ``max_tokens`` (Dr. GRPO's constant: no length bias either way).
+    """
+    if loss_norm not in LOSS_NORMS:
+        raise ValueError(f"loss_norm must be one of {LOSS_NORMS}, got {loss_norm!r}")
+    if loss_norm == "sequence":
+        return torch.tensor([max(n, 1) * batch_completions for n in lengths], dtype=torch.float64)
+    constant = batch_tokens if loss_norm == "token" else batch_completions * max_tokens
+    return torch.full((len(lengths),), float(max(constant, 1.0)), dtype=torch.float64)
 
 
 def token_loss(log_p: torch.Tensor, old_log_p: torch.Tensor, ref_log_p: torch.Tensor | None, advantages: torch.Tensor,
-               mask: torch.Tensor, clip: float, kl_coef: float, normalizer: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """The token-level clipped policy-gradient loss with a KL term, summed over tokens and divided by ``normalizer``
-    (the batch's completion tokens, so that micro-batches accumulate to the batch mean):
+               mask: torch.Tensor, clip: float, kl_coef: float, normalizer: float | torch.Tensor,
+               clip_high: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """The token-level clipped policy-gradient loss with a KL term, each completion's per-token sum divided by
+    ``normalizer`` (a number, or one per row: ``row_normalizers``):
 
-        -min(r_t A, clip(r_t, 1-eps, 1+eps) A) + kl_coef * (exp(q_t - l_t) - (q_t - l_t) - 1)
+        -min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) + kl_coef * (exp(q_t - l_t) - (q_t - l_t) - 1)
 
     with r_t = exp(l_t - old_t), l_t the token's log-probability now, q_t under the reference (the k3 estimator of
-    KL(pi || ref)). ``clip=0``: no clipping."""
+    KL(pi || ref)). ``clip=0``: no clipping; ``clip_high``: eps_high, the upper bound's epsilon (DAPO's
+    clip-higher; 0: the same as ``clip``)."""
     ratio = torch.exp(log_p - old_log_p)
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # or per token (importance-weighted)
     surrogate = ratio * adv
+    high = clip_high or clip
     if clip > 0:
-        surrogate = torch.min(surrogate, ratio.clamp(1 - clip, 1 + clip) * adv)
+        surrogate = torch.min(surrogate, ratio.clamp(1 - clip, 1 + high) * adv)
     per_token = -surrogate
     kl = torch.zeros_like(log_p)
     if ref_log_p is not None and kl_coef > 0:
         delta = ref_log_p - log_p
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + kl_coef * kl
-    loss = (per_token * mask).sum() / normalizer
+    scale = (1.0 / torch.as_tensor(normalizer, dtype=torch.float64)).to(log_p.dtype).to(log_p.device)
+    weights = mask * (scale[:, None] if scale.dim() else scale)
+
+    def total(values: torch.Tensor) -> torch.Tensor:
+        return (values * weights).sum()
+
+    loss = total(per_token)
     with torch.no_grad():
-        stats = {"pg_loss": float(-(surrogate * mask).sum() / normalizer), "kl": float((kl * mask).sum() / normalizer),
-                 "clip_frac": float((((ratio - 1).abs() > clip).float() * mask).sum() / normalizer) if clip > 0 else 0.0}
+        outside = ((ratio < 1 - clip) | (ratio > 1 + high)).float()
+        stats = {"pg_loss": float(-total(surrogate)), "kl": float(total(kl)),
+                 "clip_frac": float(total(outside)) if clip > 0 else 0.0}
     return loss, stats

@@ -5,139 +5,72 @@
 
 Each update, top to bottom:
 
-1. Rollouts: ``problems_per_update`` problems (train split), each played by G = ``group_size`` copies of the
-   text env reset with the same seed. Joint mode "aligned": at every turn each acting agent samples one
-   completion per copy (the request's temperature and max_tokens, a seed that differs per copy), so
-   candidate k of every agent forms joint rollout k, and copy k advances with it. Generation goes through the
-   ``Backend`` protocol (the in-process model; with per-agent LoRA adapters, every agent's requests share batches).
-2. Credit: each completion's return is its rollout's team return (every agent's rewards summed over the
-   episode) or, with ``--credit agent``, its agent's own episode return (the env's decomposed rewards).
-3. Advantages per group (problem, agent, round, request kind) across the G rollouts, or pooled over the team
-   with ``--pool-agents``: MAGRPO ``R - mean``, GRPO ``(R - mean) / std``, SoftRankPO rank quantiles; the
-   same functions as the meta-policy trainers (``baselines.advantages``).
+1. Rollouts (``baselines.llm.rollout``): one tree per problem (``problems_per_update``, train split). At every
+   node (a text-env state) each acting agent samples G = ``group_size`` completions; ``--joint align`` pairs
+   candidate g of every agent (G children per node), ``--joint cross`` takes every combination; each joint action
+   steps its own fork of the state. Generation goes through the ``Backend`` protocol (the in-process model; with
+   per-agent LoRA adapters, every agent's requests share batches); the samples keep the sampled token ids.
+2. Credit: a joint action's return-to-go is its step's team reward (or, with ``--credit agent``, each agent's own)
+   plus ``gamma`` times the mean return of its child's joint actions; a candidate's return is its joint action's
+   (the mean over the joint actions it is in, crossed).
+3. Advantages per group, the G candidates of one (node, agent), or of every agent at the node with
+   ``--pool-agents``: ``--advantage`` mean (MAGRPO), rloo, max or raw, divided by the std for GRPO, or
+   SoftRankPO rank quantiles; the functions of the meta-policy trainers (``baselines.advantages``).
 4. Loss: ``baselines.llm.policy.token_loss`` on the trained agents' completions (token-level, ratio clipping
    against the sampling-time log-probabilities, optional KL to the initial model), ``epochs`` optimizer steps,
    each accumulating micro-batches of ``micro_batch`` completions.
 
 Then the checkpoint (``<out>/checkpoint``, ``team.json``) and, unless ``--no-evaluate``, the team's accuracy and
 tokens on held-out test problems before and after, in the meta-action env with the checkpoint's backends.
+
+Operations (docs/train_llm.md): ``--eval-every`` (best team in ``<out>/best``), ``--save-every``/``--resume``
+(``baselines.llm.checkpoint``), ``--warmup-updates``/``--lr-schedule``; under ``accelerate launch`` each process
+plays its share of every update's problems and the gradients are summed over processes (``baselines.llm.parallel``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from baselines.advantages import group_normalized, grouped_apply, softrank_advantages
-from baselines.config import add_config_arguments, config_from_args
+from baselines.config import add_config_arguments, config_from_args, field_docs
 from baselines.llm.config import ALGOS, LLMTrainConfig, make_text_env
-from baselines.llm.evaluation import evaluate_team, meta_env, plot_reward_curves, save_comparison
+from baselines.llm.evaluation import evaluate_team, meta_env, report
+from baselines.llm.rollout import Sample, advantages, collect
 from deliberation_env.cli import ArgumentParser, KeyValueAction, report_user_errors, user_input
 
 PROG = "python -m baselines.train_llm"
 
 
-# ----------------------------------------------------------------------------- rollouts
-@dataclass
-class Sample:
-    """One trained completion: who wrote it, its group and rollout, its tokens."""
-
-    agent: int
-    group: tuple[int, int, str]
-    """(problem, round, request kind)."""
-    rollout: int
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    temperature: float
-    old_log_p: Any = None
-    ref_log_p: Any = None
-
-
-def sampling_seed(seed: int, copy: int, update: int) -> int:
-    """A distinct, reproducible seed per request, rollout copy and update."""
-    return int(np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, copy, update]).generate_state(2, np.uint64)[0] >> 1)
-
-
-def collect(envs: Sequence[Sequence[Any]], team: Any, seeds: Sequence[int], update: int, trained: Sequence[int],
-            samplers: Sequence[Any] | None = None) -> tuple[list[Sample], list[dict[str, Any]]]:
-    """Play every (problem p, copy k) env of ``envs[p][k]`` from ``seeds[p]``, the G copies of a problem in the
-    aligned joint mode; returns the trained agents' samples and one record per rollout."""
-    from deliberation_env.env import generate_grouped
-
-    samplers = samplers if samplers is not None else team.samplers
-    flat = [(p, k, env) for p, row in enumerate(envs) for k, env in enumerate(row)]
-    records = []
-    for p, _, env in flat:
-        env.reset(seed=int(seeds[p]))
-        records.append({"rewards": np.zeros(len(env.possible_agents)), "terms": {}, "tokens": 0, "correct": None})
-    samples: list[Sample] = []
-    while any(env.agents for _, _, env in flat):
-        asked = [(r, agent, replace(request, seed=sampling_seed(request.seed, k, update)))
-                 for r, (p, k, env) in enumerate(flat) if env.agents for agent, request in env.requests.items()]
-        completions = generate_grouped([request for _, _, request in asked], samplers)
-        actions: dict[int, dict[str, str]] = {r: dict.fromkeys(env.agents, "") for r, (_, _, env) in enumerate(flat)
-                                              if env.agents}
-        for (r, agent, request), completion in zip(asked, completions):
-            env = flat[r][2]
-            text = completion.text[: env.max_action_chars]
-            actions[r][agent] = text
-            records[r]["tokens"] += completion.completion_tokens
-            if request.agent in trained:
-                samples.append(Sample(request.agent, (flat[r][0], env.deliberation.round, request.kind), r,
-                                      team.encode(request), team.completion_ids(completion, request.max_tokens),
-                                      request.temperature))
-        for r, chosen in actions.items():
-            env = flat[r][2]
-            _, rewards, _, _, infos = env.step(chosen)
-            record = records[r]
-            for i, agent in enumerate(env.possible_agents):
-                record["rewards"][i] += rewards.get(agent, 0.0)
-                for key, value in infos.get(agent, {}).items():
-                    if key.startswith("reward_"):
-                        record["terms"][key] = record["terms"].get(key, 0.0) + value / len(env.possible_agents)
-                if "consensus_correct" in infos.get(agent, {}) and not env.agents:
-                    record["correct"] = bool(infos[agent]["consensus_correct"])
-    return samples, records
-
-
-# ----------------------------------------------------------------------------- credit and advantages
-def advantages(samples: Sequence[Sample], records: Sequence[dict[str, Any]], cfg: LLMTrainConfig) -> np.ndarray:
-    """Each sample's advantage within its group (module docstring, steps 2-3)."""
-    if not samples:
-        return np.zeros(0)
-    agents = len(records[0]["rewards"])
-    team = cfg.credit == "team"
-    returns = np.array([records[s.rollout]["rewards"].sum() if team else records[s.rollout]["rewards"][s.agent]
-                        for s in samples]) * cfg.reward_scale
-    groups = [s.group if cfg.pool_agents else (*s.group, s.agent) for s in samples]
-    keys = np.unique(np.array([str(g) for g in groups]), return_inverse=True)[1].reshape(-1)
-    # the members of a group: one return per rollout (team credit), or per rollout and agent when pooled
-    units = np.array([s.rollout * agents + (0 if team else s.agent) for s in samples])
-    functions = {"magrpo": lambda r: group_normalized(r, cfg.std_normalize),
-                 "grpo": lambda r: group_normalized(r, True),
-                 "softrankpo": lambda r: softrank_advantages(r, cfg.tau)}
-    return grouped_apply(returns, keys, units, functions[cfg.algo])
-
-
 # ----------------------------------------------------------------------------- the update
 def policy_update(team: Any, optimizer: Any, samples: Sequence[Sample], adv: np.ndarray, cfg: LLMTrainConfig,
-                  backward: Any = None, step: bool = True) -> dict[str, float]:
+                  backward: Any = None, step: bool = True, parallel: Any = None) -> dict[str, float]:
     """``cfg.epochs`` optimizer steps of ``token_loss`` over the batch, accumulating micro-batches of each agent's
     completions. The first pass stores each sample's log-probabilities as the sampling-time ones (the sampler is
-    the same weights); with ``step=False`` only the loss is computed (no gradients, nothing changes)."""
+    the same weights); with ``step=False`` only the loss is computed (no gradients, nothing changes).
+    ``parallel`` (``baselines.llm.parallel.DataParallel``, several processes): the normalisers count every
+    process's completions, the gradients are summed over the processes before clipping, the stats are the batch's.
+    ``entropy``: the mean entropy (nats) of the trained positions' temperature-scaled next-token distributions, from
+    the first pass's logits."""
     import torch
 
-    from baselines.llm.policy import token_loss
+    from baselines.llm.parallel import DataParallel
+    from baselines.llm.policy import row_normalizers, token_loss
+    from baselines.llm.remote import tis_advantages
 
+    parallel = parallel or DataParallel()
     backward = backward or (lambda loss: loss.backward())
-    normalizer = float(sum(len(s.completion_ids) for s in samples)) or 1.0
+    lengths = [len(s.completion_ids) for s in samples]
+    batch_tokens, batch_completions = parallel.sum([sum(lengths), len(samples)])
+    normalizers = row_normalizers(lengths, cfg.loss_norm, batch_tokens, batch_completions, cfg.max_tokens)
     by_agent: dict[int, list[int]] = {}
     for index, sample in enumerate(samples):
         by_agent.setdefault(sample.agent, []).append(index)
@@ -149,40 +82,51 @@ def policy_update(team: Any, optimizer: Any, samples: Sequence[Sample], adv: np.
                 ref, _ = team.logprobs(agent, *_inputs(samples, rows), reference=True)
                 for row, values in zip(rows, ref.cpu()):
                     samples[row].ref_log_p = values
-    stats: list[dict[str, float]] = []
+    keys = ("loss", "pg_loss", "kl", "clip_frac", "entropy_sum", "entropy_tokens")
+    sums = dict.fromkeys(keys, 0.0)
     grad_norms: list[list[float]] = []  # per optimizer step, per agent's parameter group
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    passes = cfg.epochs if step else 1
     team.train(step)
-    for _ in range(cfg.epochs if step else 1):
+    for epoch in range(passes):
         if step:
             optimizer.zero_grad(set_to_none=True)
         for agent, rows in chunks:
             with torch.set_grad_enabled(step):
-                log_p, mask = team.logprobs(agent, *_inputs(samples, rows))
+                log_p, mask, entropy = team.logprobs(agent, *_inputs(samples, rows), entropy=True)
                 if samples[rows[0]].old_log_p is None:
                     for row, values in zip(rows, log_p.detach().cpu()):
                         samples[row].old_log_p = values
                 width = log_p.shape[1]
                 old = torch.stack([samples[r].old_log_p[:width] for r in rows]).to(log_p.device)
                 ref = torch.stack([samples[r].ref_log_p[:width] for r in rows]).to(log_p.device) if cfg.kl_coef > 0 else None
-                loss, info = token_loss(log_p, old, ref, torch.tensor(adv[rows], dtype=log_p.dtype, device=log_p.device),
-                                        mask, cfg.clip, cfg.kl_coef, normalizer)
+                advantage = tis_advantages(torch.tensor(adv[rows], dtype=log_p.dtype, device=log_p.device), old,
+                                           [None if samples[r].sampler_is_policy else samples[r].sampler_log_p
+                                            for r in rows], cfg.tis_cap)  # a server's samples: importance weights
+                loss, info = token_loss(log_p, old, ref, advantage, mask, cfg.clip, cfg.kl_coef, normalizers[rows],
+                                        cfg.clip_high)
             if step:
                 backward(loss)
-            stats.append({**info, "loss": float(loss.detach())})
+            for key, value in {**info, "loss": float(loss.detach())}.items():
+                sums[key] += value / passes
+            if epoch == 0:
+                sums["entropy_sum"] += float(entropy.sum())
+                sums["entropy_tokens"] += float(mask.sum())
         if step:
-            if cfg.max_grad_norm > 0:
-                grad_norms.append(clip_per_group(optimizer, cfg.max_grad_norm))
+            parallel.reduce_gradients(parameters)
+            grad_norms.append(clip_per_group(optimizer, cfg.max_grad_norm or float("inf")))
             optimizer.step()
     team.train(False)
-    passes = cfg.epochs if step else 1
-    result = {k: float(np.sum([s[k] for s in stats]) / passes) for k in stats[0]} if stats else {}
+    totals = dict(zip(keys, parallel.sum([sums[k] for k in keys])))
+    result = {k: totals[k] for k in keys[:4]}
+    result["entropy"] = totals["entropy_sum"] / max(totals["entropy_tokens"], 1.0)
     result.update({f"grad_norm_{i}": float(np.mean(values)) for i, values in enumerate(zip(*grad_norms))})
     return result
 
 
 def clip_per_group(optimizer: Any, max_norm: float) -> list[float]:
     """Clip each parameter group's gradient norm on its own (one group per agent: one agent's large gradient does
-    not shrink another's step); the norms before clipping, per group."""
+    not shrink another's step); the norms before clipping, per group (``max_norm=inf``: only the norms)."""
     import torch
 
     norms = []
@@ -207,95 +151,159 @@ def make_optimizer(team: Any, cfg: LLMTrainConfig) -> Any:
                               for i, params in enumerate(groups)], lr=cfg.lr, weight_decay=0.0)
 
 
+def lr_factor(update: int, cfg: LLMTrainConfig) -> float:
+    """The learning-rate multiplier of update ``update`` (from 0): a linear warmup over ``warmup_updates``, then
+    ``lr_schedule`` from 1 towards 0 at ``updates``."""
+    if update < cfg.warmup_updates:
+        return (update + 1) / (cfg.warmup_updates + 1)
+    done = min(1.0, (update - cfg.warmup_updates) / max(1, cfg.updates - cfg.warmup_updates))
+    return {"constant": 1.0, "linear": 1.0 - done, "cosine": 0.5 * (1.0 + math.cos(math.pi * done))}[cfg.lr_schedule]
+
+
+def make_scheduler(optimizer: Any, cfg: LLMTrainConfig) -> Any:
+    """Every parameter group's rate (per-agent rates included) times ``lr_factor``; stepped once per update."""
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: lr_factor(update, cfg))
+
+
 def trained_now(cfg: LLMTrainConfig, update: int) -> list[int]:
     """The agents trained at ``update``: all of train_agents, or one at a time with ``alternate``."""
     agents = cfg.agents_trained()
     return [agents[(update // cfg.alternate) % len(agents)]] if cfg.alternate else agents
 
 
+def update_metrics(shards: Sequence[tuple[list, list, Any, dict]], epochs: int) -> dict[str, float]:
+    """The batch's metrics from every process's (records, (prompt, completion) lengths, advantages, advantage
+    stats): accuracy, returns, tokens, the reward terms (per-agent episode means) and the advantage stats (means
+    over the processes)."""
+    records = [r for shard in shards for r in shard[0]]
+    lengths = [n for shard in shards for n in shard[1]]
+    adv = np.concatenate([np.asarray(shard[2], dtype=float).reshape(-1) for shard in shards])
+    flags = [r["correct"] for r in records if r["correct"] is not None]
+    metrics = {"accuracy": float(np.mean(flags)) if flags else float("nan"),
+               "team_return": float(np.mean([r["rewards"].sum() for r in records])),
+               "tokens": float(np.mean([r["tokens"] for r in records])),
+               "completion_tokens": float(np.mean([c for _, c in lengths])) if lengths else 0.0,
+               "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+               "generated_tokens": float(sum(r["tokens"] for r in records)),
+               "trained_tokens": float(sum(p + c for p, c in lengths) * epochs)}
+    for key in sorted({k for r in records for k in r["terms"]}):
+        metrics[key] = float(np.mean([r["terms"].get(key, 0.0) for r in records]))
+    for key in sorted({k for shard in shards for k in shard[3]}):
+        metrics[key] = float(np.mean([shard[3][key] for shard in shards if key in shard[3]]))
+    return metrics
+
+
 # ----------------------------------------------------------------------------- the run
 def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
-    """Train (module docstring); returns the ``TeamPolicy``. Writes ``cfg.out``."""
+    """Train (module docstring); returns the ``TeamPolicy``. The main process writes ``cfg.out``; under
+    ``accelerate launch`` every process plays its share of each update's problems (``baselines.llm.parallel``)."""
     import torch
-    from accelerate import Accelerator
 
-    from baselines.llm.policy import LoraSettings, TeamPolicy, team_backends
+    from baselines.llm.checkpoint import Progress, load_state, save_best, save_state
+    from baselines.llm.parallel import DataParallel, make_accelerator
+    from baselines.llm.policy import LoraSettings, TeamPolicy
+    from baselines.llm.remote import RemoteGeneration
     from baselines.logger import MetricsLogger, progress_bar
     from baselines.runtime import seed_everything
 
     cfg.validate()
-    seed_everything(cfg.seed, cfg.threads)
-    accelerator = Accelerator(cpu=cfg.device == "cpu")
+    accelerator = make_accelerator(cfg.device)
+    parallel = DataParallel(accelerator)
+    devices = cfg.devices_of_agents()
+    seed_everything(cfg.seed + parallel.rank, cfg.threads)  # rank 0 draws as a single process does
     if team is None:
         targets = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip()) or None
         team = TeamPolicy(cfg.model, cfg.agents, cfg.weights, LoraSettings(cfg.lora_rank, cfg.lora_alpha, targets=targets),
                           dtype=cfg.dtype, device=str(accelerator.device), batch_size=cfg.generate_batch,
-                          converted_cache_dir=cfg.converted_cache_dir, reference=cfg.kl_coef > 0)
+                          converted_cache_dir=cfg.converted_cache_dir, reference=cfg.kl_coef > 0, devices=devices)
+    parallel.broadcast_parameters([p for group in team.parameter_groups() for p in group])
     optimizer = make_optimizer(team, cfg)
-    envs = [[make_text_env(cfg) for _ in range(cfg.group_size)] for _ in range(cfg.problems_per_update)]
-    rows = []
-    if cfg.evaluate:
-        rows.append(evaluate_team("before", team.samplers, cfg))
-    rng = np.random.default_rng(cfg.seed)
-    logger = MetricsLogger(cfg.out, cfg.tensorboard)
-    bar = progress_bar(cfg.updates, f"train_llm {cfg.algo}", cfg.progress)
+    scheduler = make_scheduler(optimizer, cfg)
+    problems = parallel.share(cfg.problems_per_update)  # this process's problems of every update
+    envs = [make_text_env(cfg) for _ in problems]  # each problem's tree root (rollouts fork it)
+    rng = np.random.default_rng(cfg.seed)  # the same problem seeds in every process
+    remote = RemoteGeneration(cfg, team, parallel) if cfg.generate_url else None  # --generate-url: sample on servers
+    progress = load_state(cfg.resume, team, optimizer, scheduler, rng, parallel, cfg.out) if cfg.resume else Progress()
+    if cfg.evaluate and not cfg.resume and parallel.is_main:  # a resumed run keeps the saved row (if any)
+        progress.evaluations.append(evaluate_team("before", team.samplers, cfg))
+    logger = MetricsLogger(cfg.out, cfg.tensorboard) if parallel.is_main else None
+    if logger is not None:
+        for row in progress.rows:  # a resumed run's metrics.jsonl starts with the rows logged before
+            logger.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+        progress.rows = logger.rows
+    bar = progress_bar(cfg.updates, f"train_llm {cfg.algo}", cfg.progress and parallel.is_main)
+    bar.update(progress.update)
     began = time.time()
-    for update in range(cfg.updates):
-        if cfg.max_minutes and time.time() - began > 60 * cfg.max_minutes:
-            print(f"train_llm: stopping after {update} updates, the {cfg.max_minutes:g}-minute budget is spent",
-                  file=sys.stderr)
+    for update in range(progress.update, cfg.updates):
+        if parallel.any(cfg.max_minutes > 0 and time.time() - began > 60 * cfg.max_minutes):
+            if parallel.is_main:
+                print(f"train_llm: stopping after {update} updates, the {cfg.max_minutes:g}-minute budget is spent",
+                      file=sys.stderr)
             break
         start = time.time()
         trained = trained_now(cfg, update)
-        seeds = rng.integers(0, 2**31 - 1, size=cfg.problems_per_update)
+        seeds = rng.integers(0, 2**31 - 1, size=cfg.problems_per_update)[problems.start : problems.stop]
         with torch.inference_mode():
-            samples, records = collect(envs, team, seeds, update, trained)
+            samples, tree = collect(envs, team, seeds, update, trained, cfg, remote.samplers if remote else None)
         rollout_seconds = time.time() - start
-        adv = advantages(samples, records, cfg)
-        stats = policy_update(team, optimizer, samples, adv, cfg, accelerator.backward)
+        samples, adv, adv_stats = advantages(samples, tree, cfg)
+        rates = [group["lr"] for group in optimizer.param_groups]
+        stats = policy_update(team, optimizer, samples, adv, cfg, accelerator.backward, parallel=parallel)
+        scheduler.step()
         update_seconds = time.time() - start - rollout_seconds
-        trained_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples) * cfg.epochs
-        flags = [r["correct"] for r in records if r["correct"] is not None]
-        metrics = {"accuracy": float(np.mean(flags)) if flags else float("nan"),
-                   "team_return": float(np.mean([r["rewards"].sum() for r in records])),
-                   "tokens": float(np.mean([r["tokens"] for r in records])),
-                   "completion_tokens": float(np.mean([len(s.completion_ids) for s in samples])) if samples else 0.0,
-                   "adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
-                   "trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start,
-                   "rollout_seconds": rollout_seconds, "update_seconds": update_seconds,
-                   # generation speed (every agent's completion tokens) and training speed (prompt + completion
-                   # tokens through forward and backward, per epoch)
-                   "rollout_tok_s": sum(r["tokens"] for r in records) / max(rollout_seconds, 1e-9),
-                   "update_tok_s": trained_tokens / max(update_seconds, 1e-9), **stats}
-        for key in sorted({k for r in records for k in r["terms"]}):  # per-agent means of each reward term
-            metrics[key] = float(np.mean([r["terms"].get(key, 0.0) for r in records]))
-        logger.log(update + 1, metrics)
+        if remote is not None:  # the trained adapters onto the servers; how far their log-probabilities were from ours
+            stats.update(remote.after_update(team, trained, samples))
+        metrics = update_metrics(parallel.gather((tree.records, [(len(s.prompt_ids), len(s.completion_ids))
+                                                            for s in samples], adv, adv_stats)), cfg.epochs)
+        metrics["generated_tokens"] = parallel.sum([tree.generated_tokens])[0]  # the tree's leaves share their prefixes
+        metrics.update({"trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start,
+                        "rollout_seconds": rollout_seconds, "update_seconds": update_seconds, "lr": rates[0],
+                        **({f"lr_{i}": rate for i, rate in enumerate(rates)} if len(rates) > 1 else {}),
+                        # generation speed (every agent's completion tokens) and training speed (prompt + completion
+                        # tokens through forward and backward, per epoch), over all processes
+                        "rollout_tok_s": metrics["generated_tokens"] / max(rollout_seconds, 1e-9),
+                        "update_tok_s": metrics["trained_tokens"] / max(update_seconds, 1e-9), **stats})
+        if cfg.eval_every and (update + 1) % cfg.eval_every == 0:
+            if parallel.is_main:
+                row = evaluate_team(f"update {update + 1}", team.samplers, cfg)
+                metrics.update({f"eval_{k}": row[k] for k in ("accuracy", "accuracy_low", "accuracy_high", "tokens")})
+                if progress.best is None or row["accuracy"] > progress.best["accuracy"]:
+                    progress.best = {**row, "update": update + 1}
+                    save_best(cfg.out, team, row, update + 1, cfg.save_merged)
+            parallel.barrier()
+        if logger is not None:
+            logger.log(update + 1, metrics)
+        progress.update = update + 1
+        if cfg.save_every and progress.update % cfg.save_every == 0:
+            save_state(cfg.out, team, optimizer, scheduler, rng, progress, parallel, asdict(cfg))
         bar.update(1)
         bar.set_postfix(acc=metrics["accuracy"], ret=metrics["team_return"], loss=stats.get("loss", 0.0))
     bar.close()
-    logger.close()
-    training_seconds = time.time() - began
-    checkpoint = os.path.join(cfg.out, "checkpoint")
-    team.save(checkpoint, merged=cfg.save_merged)
-    with open(os.path.join(checkpoint, "train_config.json"), "w", encoding="utf-8") as f:
-        import json
-
-        json.dump(asdict(cfg), f, indent=2, default=str)
-    if logger.rows:
-        plot_reward_curves(logger.rows, os.path.join(cfg.out, "reward_curves.png"))
-    if cfg.evaluate:
-        backends = team_backends(checkpoint, dtype=cfg.dtype, device=str(accelerator.device),
-                                 batch_size=cfg.generate_batch)
-        rows.append(evaluate_team("after", backends, cfg))
-        print(save_comparison(rows, os.path.join(cfg.out, "eval"), replace(cfg, updates=len(logger.rows))))
-    print(f"trained {cfg.algo} for {len(logger.rows)} updates in {training_seconds:.0f}s of training -> {checkpoint}")
+    if remote is not None:
+        remote.close()
+    if cfg.save_every and progress.update % cfg.save_every:  # the last update, or where the time budget stopped
+        save_state(cfg.out, team, optimizer, scheduler, rng, progress, parallel, asdict(cfg))
+    if logger is not None:
+        logger.close()
+        training_seconds = time.time() - began
+        checkpoint = os.path.join(cfg.out, "checkpoint")
+        team.save(checkpoint, merged=cfg.save_merged)
+        report(cfg, progress, checkpoint, dict(dtype=cfg.dtype, device=str(accelerator.device),
+                                               batch_size=cfg.generate_batch, devices=devices))
+        print(f"trained {cfg.algo} for {progress.update} updates ({len(progress.rows)} logged) in "
+              f"{training_seconds:.0f}s of training -> {checkpoint}")
+    parallel.barrier()
     return team
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    skip = ("task_options", "env_options", "reward_weights", "algo", "agents")
+    skip = ("task_options", "env_options", "reward_weights", "algo", "agents", "generate_url")
     add_config_arguments(parser, LLMTrainConfig, skip=skip)
+    parser.add_argument("--generate-url", dest="generate_url", nargs="+", default=[], metavar="URL",
+                        help=field_docs(LLMTrainConfig)["generate_url"])
     parser.add_argument("--algo", choices=ALGOS, default="magrpo", help="advantages (default: magrpo)")
     parser.add_argument("--agents", "--num-agents", dest="agents", type=int, default=2, help="agents (default: 2)")
     parser.add_argument("--lora", dest="weights", action="store_const", const="lora", help="same as --weights lora")
@@ -315,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     with user_input():
         cfg.validate()
         make_text_env(cfg)  # an unknown task, a bad task/env option or reward name fails here, in one line
-        if cfg.evaluate:
+        if cfg.evaluate or cfg.eval_every:
             meta_env(cfg, None, check_problems=True)
         os.makedirs(cfg.out, exist_ok=True)
     return train(cfg)

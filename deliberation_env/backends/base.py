@@ -67,6 +67,14 @@ class Completion:
     cached: bool = False
     token_logprobs: tuple[tuple[str, float], ...] | None = None
     """(token text, log-probability) of every generated token, when asked for and the backend gives them."""
+    token_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    """The generated token ids, when the backend gives them (an end-of-sequence token the model stopped at included).
+    Not part of equality (a cache's copy without them equals the original)."""
+    token_id_logprobs: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    """The sampler's log-probability of each of ``token_ids`` (same length), when the backend gives them: of the
+    distribution it drew the token from, the logits divided by the temperature (1 when greedy), before top-p (vLLM's
+    ``--logprobs-mode processed_logprobs``; ``TransformersBackend``'s ``token_logprobs`` are of temperature 1). Not part
+    of equality."""
 
     @property
     def tokens(self) -> int:
@@ -116,9 +124,12 @@ def sanitize_completion(completion: object) -> Completion:
     counts = [_token_count(getattr(completion, name, 0)) for name in ("prompt_tokens", "completion_tokens")]
     top = getattr(completion, "top_logprobs", None)
     tokens = getattr(completion, "token_logprobs", None)
+    ids, id_logprobs = getattr(completion, "token_ids", None), getattr(completion, "token_id_logprobs", None)
     return Completion(text if isinstance(text, str) else "", counts[0], counts[1],
                       top if isinstance(top, Mapping) else None, str(getattr(completion, "finish_reason", "stop")),
-                      token_logprobs=tokens if isinstance(tokens, (list, tuple)) else None)
+                      token_logprobs=tokens if isinstance(tokens, (list, tuple)) else None,
+                      token_ids=tuple(ids) if isinstance(ids, (list, tuple)) else None,
+                      token_id_logprobs=tuple(id_logprobs) if isinstance(id_logprobs, (list, tuple)) else None)
 
 
 def _token_count(value: object) -> int:

@@ -32,13 +32,15 @@ class SeededSampler:
     """Per-row seeded sampling (Gumbel-max after temperature and top-p; temperature 0 is greedy).
 
     ``choose`` picks the next tokens in ``decode``; called as a ``transformers`` logits processor it turns ``generate``'s
-    greedy search into the same sampling. With ``record_logprobs`` it keeps, per row, the model's log-probability
-    (temperature 1) of each token chosen (``recorded``).
+    greedy search into the same sampling. With ``record_logprobs`` it keeps, per row, the log-probability of each token
+    chosen: the model's (temperature 1, ``recorded``) and the sampling distribution's (the logits divided by the row's
+    temperature, 1 when greedy, before top-p: ``recorded_sampling``, what a trainer's importance ratio compares with).
     """
 
     def __init__(self, requests: Sequence[Request], device: torch.device, record_logprobs: bool = False):
         self.record_logprobs = record_logprobs
         self.recorded: list[list[float]] = [[] for _ in requests]
+        self.recorded_sampling: list[list[float]] = [[] for _ in requests]
         self._previous: torch.Tensor | None = None
         self.temperatures = [float(r.temperature) for r in requests]
         self.top_ps = [float(r.top_p) for r in requests]
@@ -53,6 +55,7 @@ class SeededSampler:
         """The sampler of a batch made of these rows: their own generators, recording into their own lists."""
         view = SeededSampler([], self.noise_device, self.record_logprobs)
         view.recorded = [self.recorded[row] for row in rows]
+        view.recorded_sampling = [self.recorded_sampling[row] for row in rows]
         view.temperatures = [self.temperatures[row] for row in rows]
         view.top_ps = [self.top_ps[row] for row in rows]
         view.generators = [self.generators[row] for row in rows]
@@ -63,9 +66,7 @@ class SeededSampler:
         logits = logits.float()
         chosen = self._perturbed(logits, rows).argmax(dim=-1)
         if self.record_logprobs:
-            values = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None]).squeeze(1).tolist()
-            for row, value in zip(rows, values):
-                self.recorded[row].append(value)
+            self._record(logits, chosen, rows)
         return chosen
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -73,11 +74,20 @@ class SeededSampler:
         k + 1, so one step of log-probabilities is held at a time (the last token's is never recorded)."""
         if self.record_logprobs:
             if self._previous is not None:
-                chosen = self._previous.gather(1, input_ids[:, -1:].to(self._previous.device)).squeeze(1).tolist()
-                for row, value in enumerate(chosen):
-                    self.recorded[row].append(value)
-            self._previous = torch.log_softmax(scores.float(), dim=-1)
+                self._record(self._previous, input_ids[:, -1].to(self._previous.device), range(len(self._previous)))
+            self._previous = scores.float()
         return self._perturbed(scores.float(), range(scores.shape[0]))
+
+    def _record(self, logits: torch.Tensor, chosen: torch.Tensor, rows: Sequence[int]) -> None:
+        """Append each row's log-probabilities of its chosen token (``recorded``, ``recorded_sampling``)."""
+        picked = chosen[:, None]
+        plain = torch.log_softmax(logits, dim=-1).gather(1, picked).squeeze(1)
+        scales = [self.temperatures[row] if self.temperatures[row] > 0 else 1.0 for row in rows]
+        scaled = plain if all(scale == 1.0 for scale in scales) else torch.log_softmax(
+            logits / torch.tensor(scales, device=logits.device)[:, None], dim=-1).gather(1, picked).squeeze(1)
+        for row, value, sampled in zip(rows, plain.tolist(), scaled.tolist()):
+            self.recorded[row].append(value)
+            self.recorded_sampling[row].append(sampled)
 
     def _perturbed(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         scores = logits.clone()

@@ -23,6 +23,10 @@ header. Replies are validated: unusable token counts are estimated from the text
 log-probabilities become None, and a reply without a text content is malformed. The API key is
 read from the environment variable ``api_key_env`` and never appears in reprs, errors,
 ``identity()`` or caches.
+
+``agent_models``: agent i's requests name ``agent_models[i]`` (e.g. its LoRA adapter's name on vLLM). ``token_ids``:
+requests for every token's log-probability also ask vLLM for the ids (``return_tokens_as_token_ids``), returned as
+``Completion.token_ids`` / ``token_id_logprobs`` (what a trainer needs to score exactly the sampled tokens).
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ class OpenAICompatibleBackend:
     def __init__(self, base_url: str | Sequence[str], model: str, api_key_env: str = "OPENAI_API_KEY",
                  timeout: float = 120.0, max_retries: int = 4, concurrency: int = 16, backoff: float = 0.5,
                  cooldown: float = 30.0, top_logprobs: int = 20, deadline: float | None = None, logprobs: bool = True,
-                 per_replica: int | None = None, routing: str = "sticky"):
+                 per_replica: int | None = None, routing: str = "sticky", agent_models: Sequence[str] | None = None,
+                 token_ids: bool = False):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("base_url needs at least one URL")
@@ -104,6 +109,9 @@ class OpenAICompatibleBackend:
                 raise ValueError(f"{name} must be a positive int (requests in flight at once), got {value!r}")
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+        if agent_models is not None and (isinstance(agent_models, str) or not agent_models
+                                         or not all(isinstance(m, str) and m for m in agent_models)):
+            raise ValueError(f"agent_models must be a list of model names, one per agent, got {agent_models!r}")
         self.base_urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
         self.deadline_is_default = deadline is None
         self.deadline = float(DEADLINE_FACTOR * timeout if deadline is None else deadline)
@@ -111,6 +119,8 @@ class OpenAICompatibleBackend:
         self.max_retries, self.concurrency, self.backoff = max_retries, concurrency, backoff
         self.per_replica, self.routing = per_replica or concurrency, routing
         self.cooldown, self.top_logprobs, self.logprobs = cooldown, top_logprobs, logprobs
+        self.agent_models = list(agent_models) if agent_models is not None else None
+        self.token_ids = token_ids
         self._busy = dict.fromkeys(self.base_urls, 0)
         self._down_until = dict.fromkeys(self.base_urls, 0.0)
         self._lock = threading.Lock()  # start() and close() from any thread
@@ -125,8 +135,11 @@ class OpenAICompatibleBackend:
     def identity(self) -> str:
         # logprobs=False changes what critic completions hold, so it is part of the identity (only then,
         # so that existing cache keys stay as they were).
-        return f"openai-compatible:model={self.model},top_logprobs={self.top_logprobs}" + (
-            "" if self.logprobs else ",logprobs=off")
+        # agent_models and token_ids likewise only when set
+        return (f"openai-compatible:model={self.model},top_logprobs={self.top_logprobs}"
+                + ("" if self.logprobs else ",logprobs=off")
+                + (f",agent_models={'|'.join(self.agent_models)}" if self.agent_models else "")
+                + (",token_ids" if self.token_ids else ""))
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleBackend(base_url={self.base_urls!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
@@ -204,10 +217,19 @@ class OpenAICompatibleBackend:
     def _set_aside(self, url: str, seconds: float) -> None:
         self._down_until[url] = max(self._down_until[url], time.monotonic() + seconds)
 
+    def model_of(self, request: Request) -> str:
+        """The model a request names: its agent's entry of ``agent_models``, else ``model``."""
+        if self.agent_models is None:
+            return self.model
+        if not 0 <= request.agent < len(self.agent_models):
+            raise BackendError(f"request of agent {request.agent}, but agent_models names {len(self.agent_models)} "
+                               f"agents ({self.agent_models})")
+        return self.agent_models[request.agent]
+
     def _body(self, request: Request) -> tuple[bytes, bool]:
         """The JSON body of a request, and whether it asks for log-probabilities."""
         body: dict[str, Any] = {
-            "model": self.model, "messages": [m.as_dict() for m in request.messages],
+            "model": self.model_of(request), "messages": [m.as_dict() for m in request.messages],
             "max_tokens": request.max_tokens, "temperature": request.temperature, "top_p": request.top_p,
             "seed": int(request.seed) & 0x7FFFFFFF,
         }
@@ -215,6 +237,8 @@ class OpenAICompatibleBackend:
             body["logprobs"] = True
             # always name top_logprobs: llama-cpp-python returns no log-probabilities at all without it
             body["top_logprobs"] = self.top_logprobs if request.logprobs else 0
+            if self.token_ids and request.token_logprobs:
+                body["return_tokens_as_token_ids"] = True  # vLLM: tokens come back as "token_id:<id>"
         text = json.dumps(body, ensure_ascii=False)
         try:
             encoded = text.encode()
@@ -333,7 +357,7 @@ class OpenAICompatibleBackend:
                              _retry_after(response.headers.get("retry-after")))
         if status >= 400:
             raise BackendError(
-                f"{url}: HTTP {status} for model {self.model!r}: {self._snippet(response.text)}. "
+                f"{url}: HTTP {status} for model {self.model_of(request)!r}: {self._snippet(response.text)}. "
                 f"Check the model name, the URL (it should end in /v1) and the key in ${self.api_key_env}."
             )
         try:
@@ -359,11 +383,14 @@ class OpenAICompatibleBackend:
         if completion is None:
             completion = estimate_tokens(text) if text else 0
         finish, logprobs = choice.get("finish_reason"), choice.get("logprobs")  # type: ignore[union-attr]
+        every = _every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None
+        ids = _token_ids(every) if self.token_ids and every is not None else None
         return Completion(
             text=text, prompt_tokens=prompt, completion_tokens=completion,
             top_logprobs=_first_token_logprobs(logprobs) if asked_logprobs and request.logprobs else None,
             finish_reason=finish if isinstance(finish, str) and finish else "stop",
-            token_logprobs=_every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None,
+            token_logprobs=None if ids is not None else every,  # "token_id:<id>" is no token text
+            token_ids=ids, token_id_logprobs=tuple(value for _, value in every) if ids is not None else None,
         )
 
     def _deadline_text(self) -> str:
@@ -478,3 +505,9 @@ def _every_token_logprobs(logprobs: Any) -> tuple[tuple[str, float], ...] | None
             return None  # a gap would misalign the tokens with the text
         pairs.append((item["token"], value))
     return tuple(pairs)
+
+
+def _token_ids(pairs: tuple[tuple[str, float], ...]) -> tuple[int, ...] | None:
+    """The ids of ``(token, logprob)`` pairs whose tokens are vLLM's ``"token_id:<id>"``; None when any is not."""
+    parts = [token.partition(":") for token, _ in pairs]
+    return tuple(int(n) for _, _, n in parts) if all(p == "token_id" and n.isdigit() for p, _, n in parts) else None

@@ -10,7 +10,9 @@ settings and its own random stream: the sampling is a per-row Gumbel-max draw
 ``torch.Generator`` seeded with that request's seed, so a row's draws do not depend on which
 other requests share its batch. Temperature 0 is greedy decoding. A row leaves the batch (and its KV cache) once it
 has ended, and waiting requests take its place, instead of rows being fed pad tokens until the batch's longest row
-ends (``drop_finished``; the loop is in ``decode``).
+ends (``drop_finished``; the loop is in ``decode``). Every completion carries its sampled ``token_ids`` (the stop
+token included) and, for requests that ask for ``token_logprobs``, each id's log-probability under the sampling
+distribution (``token_id_logprobs``): a trainer scores exactly what was sampled.
 
 Reproducibility: the same requests in the same batches give the same text, token for token,
 so a seeded episode (or a seeded set of batched episodes) replays exactly. Putting a request in
@@ -230,7 +232,8 @@ class TransformersBackend:
             self.decoded_rows += decoded.row_steps
         else:
             generated, first_top = self._generate_grouped(requests, prompts, sampler, adapter_names)
-        return [self._completion(request, len(prompt), tokens, first_top.get(i), sampler.recorded[i])
+        return [self._completion(request, len(prompt), tokens, first_top.get(i), sampler.recorded[i],
+                                 sampler.recorded_sampling[i])
                 for i, (request, prompt, tokens) in enumerate(zip(requests, prompts, generated))]
 
     # ------------------------------------------------------------------ internals
@@ -252,9 +255,15 @@ class TransformersBackend:
         return input_ids, attention, cache
 
     def _completion(self, request: Request, prompt_tokens: int, tokens: list[int],
-                    first_top: tuple[list[float], list[int]] | None, logprobs: list[float]) -> Completion:
+                    first_top: tuple[list[float], list[int]] | None, logprobs: list[float],
+                    sampling_logprobs: list[float]) -> Completion:
+        """The completion of ``tokens`` (the generated ids; ``generate``'s rows go on with padding after a stop). Its
+        ``token_ids`` are the sampled ids up to the stop token included; with ``token_logprobs`` asked for, also
+        ``token_id_logprobs`` (the sampling distribution's; absent where ``generate`` did not record the last one)."""
         stop = next((k for k, token in enumerate(tokens) if token in self.eos_ids), None)
         kept = tokens if stop is None else tokens[:stop]
+        ids = tuple(tokens if stop is None else tokens[: stop + 1])
+        sampled = tuple(sampling_logprobs[: len(ids)]) if request.token_logprobs else ()
         return Completion(
             text=self.tokenizer.decode(kept, skip_special_tokens=True),
             prompt_tokens=prompt_tokens,
@@ -262,6 +271,8 @@ class TransformersBackend:
             top_logprobs=self._top_logprobs(*first_top) if request.logprobs and first_top is not None else None,
             finish_reason="length" if stop is None else "stop",
             token_logprobs=self._token_logprobs(kept, logprobs) if request.token_logprobs else None,
+            token_ids=ids,
+            token_id_logprobs=sampled if sampled and len(sampled) == len(ids) else None,
         )
 
     @torch.inference_mode()

@@ -93,7 +93,9 @@ class _Fault:
     body: Any
 
 
-class _HTTPServer(ThreadingHTTPServer):
+class LoopbackHTTPServer(ThreadingHTTPServer):
+    """The HTTP server of the loopback test servers: a thread per request, a large backlog for bursts."""
+
     daemon_threads = True
     request_queue_size = 1024  # the default backlog of 5 drops the SYNs of a burst of new connections (1 s retries)
 
@@ -178,7 +180,7 @@ class LoopbackServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._httpd = _HTTPServer(("127.0.0.1", port), Handler)
+        self._httpd = LoopbackHTTPServer(("127.0.0.1", port), Handler)
         self._port = self._httpd.server_address[1]
         threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
