@@ -137,7 +137,7 @@ class TextDeliberationEnv(ParallelEnv):
         self.possible_agents = list(self.meta.possible_agents)
         self.agents: list[str] = []
 
-        peers = num_agents - 1
+        peers, width = num_agents - 1, features.num_features(config.features)
         box = gymnasium.spaces.Box
         message = gymnasium.spaces.Dict({"role": gymnasium.spaces.Text(9, min_length=4, charset=string.ascii_lowercase),
                                          "content": UnicodeText(self.max_prompt_chars)})
@@ -145,8 +145,8 @@ class TextDeliberationEnv(ParallelEnv):
             "kind": gymnasium.spaces.Discrete(len(KINDS)),
             "messages": gymnasium.spaces.Sequence(message),
             "features": gymnasium.spaces.Dict({
-                "self": box(0.0, 1.0, (features.NUM_FEATURES,), np.float32),
-                "peers": box(0.0, 1.0, (peers, features.NUM_FEATURES), np.float32),
+                "self": box(0.0, 1.0, (width,), np.float32),
+                "peers": box(0.0, 1.0, (peers, width), np.float32),
                 "agreement": box(0.0, 1.0, (peers,), np.float32),
             }),
         })

@@ -194,3 +194,12 @@ def test_text_signals_count_equations_answers_and_code():
     signals = features.completion_signals(Completion(text, 1, 1), "10")
     assert (signals.equations_right, signals.equations_wrong, signals.answer_repeats, signals.code) == (2, 1, 2, True)
     assert not signals.logprobs and signals.answer_logprob is None and signals.stopped
+
+
+def test_text_env_spaces_follow_the_feature_set():
+    for feature_set in ("v1", "v2"):
+        env = deliberation_env.text_env(num_agents=3, max_rounds=1, features=feature_set)
+        observations, _ = env.reset(seed=4)
+        for agent, observation in observations.items():
+            assert observation["features"]["self"].shape == (features.num_features(feature_set),)
+            assert env.observation_space(agent).contains(observation)
