@@ -11,7 +11,7 @@ import types
 import typing
 from collections.abc import Collection
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, cast
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -20,7 +20,8 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if klass is object or not hasattr(klass, "__dataclass_fields__"):
             continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        source = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        body = cast(ast.ClassDef, source).body  # the source of a class is one class statement
         for node, nxt in zip(body, body[1:]):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
@@ -47,7 +48,8 @@ def _optional(kind: type):
     return parse
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: Collection[str] = ()) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+                         skip: Collection[str] = ()) -> None:
     """One --flag per field of dataclass cls (except ``skip``), help text from its docstring, default shown."""
     docs = field_docs(cls)
     for f in fields(cls):

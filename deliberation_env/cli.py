@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 BACKEND_NAMES = ("sim", "transformers", "openai")
 SMOLLM2 = "smollm2"
@@ -144,7 +144,7 @@ class KeyValueAction(argparse.Action):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors: ``prog: error: message (see --help)`` on stderr, exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
 

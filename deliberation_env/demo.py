@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         observations, infos = env.reset(seed=args.seed + episode)
         protocol.reset(args.seed + episode)  # reseeds the random protocol
         print(f"\n=== episode {episode} ===")
-        print(textwrap.fill(env.deliberation.problem.question, 100))
+        problem = env.deliberation.problem
+        if problem is None:  # reset() draws the episode's problem
+            raise RuntimeError("the env has no problem after reset()")
+        print(textwrap.fill(problem.question, 100))
         print(env.render())
         episode_tokens = sum(info["tokens"] for info in infos.values())
         while env.agents:

@@ -73,7 +73,7 @@ _ENV_OPTIONS = frozenset(f.name for f in fields(DeliberationConfig)) - {"num_age
 class DeliberationEnv(ParallelEnv):
     """The ParallelEnv adapter around ``core.Deliberation`` (see the module docstring)."""
 
-    metadata = {"name": "deliberation_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+    metadata: dict[str, Any] = {"name": "deliberation_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
 
     def __init__(
         self,

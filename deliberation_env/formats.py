@@ -78,7 +78,7 @@ class ObservationFormat:
         peers = num_agents - 1
         mask = gymnasium.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8)
         if self.mode == "dict":
-            parts = {
+            parts: dict[str, gymnasium.spaces.Space[Any]] = {
                 "self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
                 "peers": gymnasium.spaces.Box(0.0, 1.0, (peers, width), np.float32),
                 "agreement": gymnasium.spaces.Box(0.0, 1.0, (peers,), np.float32),

@@ -15,6 +15,8 @@ for wrapping an env built elsewhere.
 
 from __future__ import annotations
 
+import math
+
 import gymnasium
 import numpy as np
 from pettingzoo.utils.wrappers import BaseParallelWrapper
@@ -24,7 +26,13 @@ from deliberation_env.formats import flatten as _flatten
 
 
 def _flat_size(space: gymnasium.spaces.Dict, keys: tuple[str, ...]) -> int:
-    return int(sum(np.prod(space[key].shape) for key in keys))
+    size = 0
+    for key in keys:
+        shape = space[key].shape
+        if shape is None:
+            raise ValueError(f"observation[{key!r}] is {space[key]!r}, which has no shape")
+        size += math.prod(shape)
+    return size
 
 
 class _ObservationWrapper(BaseParallelWrapper):

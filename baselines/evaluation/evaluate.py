@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -97,9 +98,12 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
             for e, result in enumerate(pool.step(chosen)):
                 if result is None:
                     continue
+                actions = chosen[e]
+                if actions is None:  # EnvPool.step steps only the envs given actions
+                    raise RuntimeError(f"env {e} was stepped without actions")
                 record = state[e]
-                record["actions"].update(chosen[e].values())
-                record["rounds"].append(Counter(chosen[e].values()))
+                record["actions"].update(actions.values())
+                record["rounds"].append(Counter(actions.values()))
                 record["obs"], rewards, _, _, record["infos"] = result
                 record["reward"] += sum(rewards.values())
                 record["tokens"] += sum(info.get("tokens", 0) for info in record["infos"].values())
@@ -114,7 +118,8 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
 def seed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     """One evaluation seed's accuracy (or NaN), score (mean per-agent return), tokens per problem, action shares."""
     problems = len(records)
-    correct, score, tokens, actions, has_flag = 0.0, 0.0, 0.0, Counter(), False
+    correct, score, tokens, has_flag = 0.0, 0.0, 0.0, False
+    actions: Counter[int] = Counter()
     for record in records:
         has_flag = has_flag or record["correct"] is not None
         correct += bool(record["correct"])
@@ -190,7 +195,7 @@ def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[]
 
 def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_kwargs: dict[str, Any],
                      deterministic: bool = True, threads: int | None = None,
-                     trace: Any = None) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
+                     trace: Any = None) -> list[tuple[str, Callable[[], Actor], Callable[[], Any]]]:
     """Entries for learned checkpoints and named protocols on deliberation_env: policies play with the number
     of agents they were trained for, protocols with ``env_kwargs``'s (``single`` with one agent). Checkpoints
     are loaded here, once (a missing file fails now); ``threads``: see ``PolicyActor``. ``trace``: a
@@ -206,13 +211,14 @@ def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_
             kwargs.update(trace=trace, trace_label=name)
         return lambda: deliberation_env.parallel_env(**kwargs)
 
-    entries = []
+    entries: list[tuple[str, Callable[[], Actor], Callable[[], Any]]] = []
     for name, path in checkpoints.items():
         policy = load_policy(path)
         agents = policy.layout.num_peers + 1
-        entries.append((name, lambda p=policy: PolicyActor(p, deterministic, threads), env_for(name, agents)))
+        entries.append((name, functools.partial(PolicyActor, policy, deterministic, threads), env_for(name, agents)))
     for proto in protocols:
-        entries.append((proto, lambda p=proto: make_protocol(p), env_for(proto, 1 if proto == "single" else None)))
+        entries.append((proto, functools.partial(make_protocol, proto),
+                        env_for(proto, 1 if proto == "single" else None)))
     return entries
 
 

@@ -63,8 +63,10 @@ def check_device(device: str, flag: str) -> None:
     if parsed.type == "cpu":
         return
     module = getattr(torch, parsed.type, None)
-    available = bool(module is not None and hasattr(module, "is_available") and module.is_available())
-    count = module.device_count() if available and hasattr(module, "device_count") else 0
+    count = 0
+    if module is not None and hasattr(module, "is_available") and module.is_available() \
+            and hasattr(module, "device_count"):
+        count = module.device_count()
     if (parsed.index or 0) >= count:
         raise ValueError(f"{flag}: device {device} is not available on this machine (torch sees {count} "
                          f"{parsed.type} device(s)); give devices that exist, e.g. cpu")

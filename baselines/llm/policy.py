@@ -124,8 +124,9 @@ class TeamPolicy:
     def distinct_backends(self) -> list[Any]:
         return list({id(b): b for b in self.backends}.values())
 
-    def model(self, agent: int) -> torch.nn.Module:
-        """Agent ``agent``'s model, its adapter active."""
+    def model(self, agent: int) -> Any:
+        """Agent ``agent``'s model, its adapter active (a ``transformers`` model; a peft ``PeftModel`` under
+        ``lora``)."""
         if self.weights == "lora":
             self.backends[0].model.set_adapter(adapter_name(agent))
         return self.backends[agent].model
@@ -269,7 +270,7 @@ class TeamPolicy:
                                                          "agents": agents}, indent=2))
         return agents
 
-    def _save_plain(self, model: torch.nn.Module, folder: str, strip_lora: bool = False) -> None:
+    def _save_plain(self, model: Any, folder: str, strip_lora: bool = False) -> None:
         if strip_lora:  # the base inside a PeftModel still holds LoRA layers: save only the original weights
             state = {name.replace(".base_layer", ""): tensor for name, tensor in model.state_dict().items()
                      if "lora_" not in name}

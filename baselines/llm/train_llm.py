@@ -255,8 +255,9 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
         update_seconds = time.time() - start - rollout_seconds
         if remote is not None:  # the trained adapters onto the servers; how far their log-probabilities were from ours
             stats.update(remote.after_update(team, trained, samples))
-        metrics = update_metrics(parallel.gather((tree.records, [(len(s.prompt_ids), len(s.completion_ids))
-                                                            for s in samples], adv, adv_stats)), cfg.epochs)
+        metrics: dict[str, Any] = update_metrics(  # a log row: numbers, and trained_agents as text
+            parallel.gather((tree.records, [(len(s.prompt_ids), len(s.completion_ids)) for s in samples], adv,
+                             adv_stats)), cfg.epochs)
         metrics["generated_tokens"] = parallel.sum([tree.generated_tokens])[0]  # the tree's leaves share their prefixes
         metrics.update({"trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start,
                         "rollout_seconds": rollout_seconds, "update_seconds": update_seconds, "lr": rates[0],

@@ -69,9 +69,9 @@ def concat_rollouts(parts: Sequence[Rollouts]) -> Rollouts:
     offsets = np.cumsum([0] + [len(p.episodes) for p in parts[:-1]])
     arrays = {name: np.concatenate([getattr(p, name) for p in parts])
               for name in ("obs", "mask", "actions", "logp", "rewards", "group", "agent", "step", "labels")}
-    states = [p.state for p in parts]
+    states = [p.state for p in parts if p.state is not None]
     return Rollouts(**arrays, episode=np.concatenate([p.episode + o for p, o in zip(parts, offsets)]),
-                    state=None if any(s is None for s in states) else np.concatenate(states),
+                    state=np.concatenate(states) if len(states) == len(parts) else None,
                     episodes=[summary for p in parts for summary in p.episodes])
 
 

@@ -67,9 +67,9 @@ def make_layout(obs_space: gymnasium.Space, act_space: gymnasium.Space, mask_key
         raise ValueError(f"observations must be a Box or a Dict of Boxes, got {obs_space!r}")
     spaces = dict(obs_space.spaces)
     mask = mask_key if mask_key in spaces else None
-    if mask is not None and tuple(spaces[mask].shape) != (actions,):
+    if mask is not None and tuple(_shape(mask, spaces[mask])) != (actions,):
         raise ValueError(f"observation[{mask!r}] has shape {spaces[mask].shape}, expected ({actions},)")
-    rest = {key: list(space.shape) for key, space in spaces.items() if key != mask}
+    rest = {key: list(_shape(key, space)) for key, space in spaces.items() if key != mask}
     if "self" in rest and "peers" in rest and len(rest["peers"]) == 2:
         peers = rest["peers"][0]
         peer_keys = [["peers", rest.pop("peers")]]
@@ -79,6 +79,13 @@ def make_layout(obs_space: gymnasium.Space, act_space: gymnasium.Space, mask_key
         self_keys = [["self", rest.pop("self")]] + [[k, s] for k, s in rest.items()]
         return ObsLayout("structured", self_keys, peer_keys, peers, mask, actions)
     return ObsLayout("flat", [[k, s] for k, s in rest.items()], mask_key=mask, num_actions=actions)
+
+
+def _shape(key: str, space: gymnasium.Space) -> tuple[int, ...]:
+    """The shape of ``observation[key]``'s space; ValueError for a space without one (e.g. Text)."""
+    if space.shape is None:
+        raise ValueError(f"observation[{key!r}] is {space!r}, which has no shape; the baselines need Boxes")
+    return space.shape
 
 
 def encode(layout: ObsLayout, obs: Any) -> tuple[np.ndarray, np.ndarray]:

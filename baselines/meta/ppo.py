@@ -87,6 +87,8 @@ def gae(ro: Rollouts, values: np.ndarray, cfg: PPOConfig) -> tuple[np.ndarray, n
 def centralized_input(ro: Rollouts, num_agents: int) -> torch.Tensor:
     """The centralised critic's input per transition: the global state, then the one-hot agent index (without
     it every agent of a state would get the same value, though their returns differ)."""
+    if ro.state is None:
+        raise ValueError("the centralised critic needs the rollouts' global state (collect them with want_state=True)")
     identity = np.eye(num_agents, dtype=np.float32)[ro.agent]
     return torch.from_numpy(np.concatenate([ro.state.astype(np.float32), identity], axis=1))
 

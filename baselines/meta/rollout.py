@@ -176,8 +176,10 @@ def collect(
             results = pool.step([chosen.get(e) for e in range(len(wave))])
             still = []
             for e in live:
-                env, summary = envs[e], summaries[base + e]
-                obs[e], rewards, terms, truncs, infos[e] = results[e]
+                env, summary, result = envs[e], summaries[base + e], results[e]
+                if result is None:  # every live env got actions (chosen[e])
+                    raise RuntimeError(f"env {e} of the wave is live but was not stepped")
+                obs[e], rewards, terms, truncs, infos[e] = result
                 for a, act in chosen[e].items():
                     reward = float(rewards.get(a, 0.0)) * reward_scale
                     rows["rewards"].append(reward)

@@ -8,8 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+Floats = Sequence[float] | np.ndarray
+"""Numbers as a sequence or a 1-D numpy array (what the statistics below accept)."""
 
-def auroc(confidence_right: Sequence[float], confidence_wrong: Sequence[float]) -> float:
+
+def auroc(confidence_right: Floats, confidence_wrong: Floats) -> float:
     """P(a right answer's confidence > a wrong one's), ties half: NaN without both kinds."""
     if len(confidence_right) == 0 or len(confidence_wrong) == 0:
         return float("nan")
@@ -17,7 +20,7 @@ def auroc(confidence_right: Sequence[float], confidence_wrong: Sequence[float]) 
     return float(u) / (len(confidence_right) * len(confidence_wrong))
 
 
-def spearman(real: Sequence[float], sim: Sequence[float]) -> float:
+def spearman(real: Floats, sim: Floats) -> float:
     """Spearman's rank correlation (NaN with fewer than 3 items or a constant side)."""
     if len(real) < 3 or len(set(real)) < 2 or len(set(sim)) < 2:
         return float("nan")
@@ -34,13 +37,13 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def bootstrap_interval(values: Sequence[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(values: Floats, resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap 95% interval of the mean of ``values`` (items resampled; NaN when empty or NaN)."""
     _, low, high = paired_bootstrap(values, np.zeros(len(values)), resamples, seed)
     return low, high
 
 
-def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = 4000,
+def paired_bootstrap(a: Floats, b: Floats, resamples: int = 4000,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``a - b`` over paired items (problems) and its percentile bootstrap 95% interval."""
     diff = np.asarray(a, float) - np.asarray(b, float)

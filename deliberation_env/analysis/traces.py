@@ -18,6 +18,7 @@ import json
 import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -127,6 +128,7 @@ def task_settings(task: Any, task_kwargs: dict[str, Any]) -> dict[str, Any]:
     attribute of the same name (e.g. arithmetic's ``levels``); ``data_dir`` is never recorded.
     """
     settings = {k: v for k, v in task_kwargs.items() if k != "data_dir"}
+    parameters: Mapping[str, inspect.Parameter]
     try:
         parameters = inspect.signature(type(task).__init__).parameters
     except (TypeError, ValueError):

@@ -13,7 +13,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.chat import Message
@@ -125,9 +125,13 @@ def sanitize_completion(completion: object) -> Completion:
     top = getattr(completion, "top_logprobs", None)
     tokens = getattr(completion, "token_logprobs", None)
     ids, id_logprobs = getattr(completion, "token_ids", None), getattr(completion, "token_id_logprobs", None)
+    # Only the containers of top_logprobs and token_logprobs are checked here: their readers in core
+    # (parse_confidence, well_formed_logprobs) skip entries that are not (str, finite float).
     return Completion(text if isinstance(text, str) else "", counts[0], counts[1],
-                      top if isinstance(top, Mapping) else None, str(getattr(completion, "finish_reason", "stop")),
-                      token_logprobs=tokens if isinstance(tokens, (list, tuple)) else None,
+                      cast("dict[str, float]", top) if isinstance(top, Mapping) else None,
+                      str(getattr(completion, "finish_reason", "stop")),
+                      token_logprobs=cast("tuple[tuple[str, float], ...]", tokens)
+                      if isinstance(tokens, (list, tuple)) else None,
                       token_ids=tuple(ids) if isinstance(ids, (list, tuple)) else None,
                       token_id_logprobs=tuple(id_logprobs) if isinstance(id_logprobs, (list, tuple)) else None)
 
@@ -135,7 +139,7 @@ def sanitize_completion(completion: object) -> Completion:
 def _token_count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars included
         return 0
-    return int(min(max(value, 0), _MAX_TOKENS)) if math.isfinite(value) else 0
+    return int(min(max(float(value), 0.0), _MAX_TOKENS)) if math.isfinite(value) else 0
 
 
 _MAX_TOKENS = 10**9

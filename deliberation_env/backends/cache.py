@@ -95,7 +95,7 @@ def _to_sql_text(text: str) -> str | bytes:
 
 
 def _from_sql_text(value: str | bytes) -> str:
-    return value.decode("utf-8", "surrogatepass") if value.__class__ is bytes else value  # type: ignore[union-attr]
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
 
 
 def _row(key: str, completion: Completion) -> tuple | None:

@@ -69,7 +69,7 @@ class SeededSampler:
             self._record(logits, chosen, rows)
         return chosen
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
         """The logits-processor form, for ``generate``: the token chosen at step k is read from ``input_ids`` at step
         k + 1, so one step of log-probabilities is held at a time (the last token's is never recorded)."""
         if self.record_logprobs:
@@ -126,8 +126,9 @@ def first_token_top(logits: torch.Tensor, count: int) -> tuple[list[float], list
     return values.tolist(), ids.tolist()
 
 
-def forward_parameters(model: torch.nn.Module) -> frozenset[str]:
-    """The keyword names the model's ``forward`` takes (a peft wrapper's base model's)."""
+def forward_parameters(model: Any) -> frozenset[str]:
+    """The keyword names the model's ``forward`` takes (a peft wrapper's base model's). ``model``: a ``transformers``
+    model or a peft wrapper of one (Any: their methods are not typed through ``torch.nn.Module``)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return frozenset(inspect.signature(base.forward).parameters)
 
@@ -208,20 +209,21 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int], eos_ids: Sequence[int],
+def decode(model: Any, sampler: SeededSampler, limits: Sequence[int], eos_ids: Sequence[int],
            order: Sequence[int], start_rows: StartRows, batch_size: int, adapter_names: Sequence[str] | None,
            want_first_top: Sequence[bool], top_count: int = 20) -> Decoded:
     """Generate for every request, at most ``batch_size`` rows at a time, admitting them in ``order``.
 
-    ``limits``: each request's ``max_tokens``. ``start_rows``: lays out the prompts of the requests admitted together.
-    ``adapter_names``: each request's LoRA adapter (peft mixed batches). ``want_first_top``: per request, whether to
-    keep its ``top_count`` most likely first tokens.
+    ``model``: a ``transformers`` causal LM (or a peft wrapper of one). ``limits``: each request's ``max_tokens``.
+    ``start_rows``: lays out the prompts of the requests admitted together. ``adapter_names``: each request's LoRA
+    adapter (peft mixed batches). ``want_first_top``: per request, whether to keep its ``top_count`` most likely first
+    tokens.
     """
     from transformers import DynamicCache
 
     result = Decoded([[] for _ in limits])
     stop = set(eos_ids)
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
+    extra: dict[str, Any] = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
     cache_name = cache_keyword(model) or "past_key_values"
     waiting, rows = deque(order), None
 
@@ -268,6 +270,8 @@ def decode(model: torch.nn.Module, sampler: SeededSampler, limits: Sequence[int]
             elif new is not None:
                 rows.join(new)
             continue
+        if rows is None:  # with no rows running, waiting is not empty and the branch above admits some
+            raise RuntimeError("decode: no rows to step")
         rows.attention = torch.cat([rows.attention, rows.attention.new_ones((len(rows.requests), 1))], dim=1)
         logits = forward(rows.requests, rows.next_ids, rows.attention, rows.next_positions, rows.cache)
         chosen, going_on = sample(rows.requests, logits)

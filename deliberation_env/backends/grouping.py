@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
 
@@ -22,4 +23,4 @@ def generate_by_backend(requests: Sequence[Request], backends: Sequence[Backend]
         answered = backends[positions[0]].generate([requests[p] for p in positions])
         for position, completion in zip(positions, answered):
             completions[position] = completion
-    return completions  # type: ignore[return-value]
+    return cast("list[Completion]", completions)  # every position belongs to one group: all filled

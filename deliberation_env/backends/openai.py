@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -202,7 +202,7 @@ class OpenAICompatibleBackend:
             error = failed[0]
             error.completed = {i: r for i, r in enumerate(results) if not isinstance(r, BaseException)}  # type: ignore[attr-defined]
             raise error
-        return results  # type: ignore[return-value]
+        return cast("list[Completion]", results)  # no exceptions among them
 
     def _route(self, episode: int | None) -> str:
         """The replica for the next attempt (see the module docstring)."""
@@ -371,7 +371,7 @@ class OpenAICompatibleBackend:
         choices = data.get("choices") if isinstance(data, dict) else None
         choice = choices[0] if isinstance(choices, list) and choices else None
         message = choice.get("message") if isinstance(choice, dict) else None
-        if not isinstance(message, dict):
+        if not isinstance(choice, dict) or not isinstance(message, dict):
             raise _Retryable(f"malformed response (not an OpenAI chat completion): {self._snippet(raw)}")
         text = _content_text(message.get("content"))
         if text is None:
@@ -382,7 +382,7 @@ class OpenAICompatibleBackend:
         completion = _token_count(usage.get("completion_tokens"))
         if completion is None:
             completion = estimate_tokens(text) if text else 0
-        finish, logprobs = choice.get("finish_reason"), choice.get("logprobs")  # type: ignore[union-attr]
+        finish, logprobs = choice.get("finish_reason"), choice.get("logprobs")
         every = _every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None
         ids = _token_ids(every) if self.token_ids and every is not None else None
         return Completion(
@@ -390,7 +390,8 @@ class OpenAICompatibleBackend:
             top_logprobs=_first_token_logprobs(logprobs) if asked_logprobs and request.logprobs else None,
             finish_reason=finish if isinstance(finish, str) and finish else "stop",
             token_logprobs=None if ids is not None else every,  # "token_id:<id>" is no token text
-            token_ids=ids, token_id_logprobs=tuple(value for _, value in every) if ids is not None else None,
+            token_ids=ids,
+            token_id_logprobs=tuple(value for _, value in every) if ids is not None and every is not None else None,
         )
 
     def _deadline_text(self) -> str:

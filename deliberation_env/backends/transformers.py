@@ -118,7 +118,7 @@ class TransformersBackend:
         self.decoded_rows = 0  # rows decoded, summed over forward passes (generate's finished rows count): the work
 
     # ------------------------------------------------------------------ loading
-    def _load(self):
+    def _load(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dtype = DTYPES[self.dtype_name]
@@ -175,12 +175,14 @@ class TransformersBackend:
 
     def _save_converted(self, tokenizer, model, target: Path) -> None:
         """Save the dense model next to ``target`` and move it into place atomically."""
+        if self.gguf_file is None:  # only a GGUF model is converted
+            raise RuntimeError("_save_converted: this backend loads no GGUF file")
+        source = Path(self.source) / self.gguf_file
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
         try:
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
-            source = Path(self.source) / self.gguf_file  # type: ignore[operator]
             (staging / "converted.json").write_text(json.dumps({"gguf": str(source), "dtype": self.dtype_name}))
             os.replace(staging, target)
             log.info("saved the dequantised %s to %s", source.name, target)
@@ -370,7 +372,7 @@ class TransformersBackend:
         return result
 
 
-def _contiguous_head_inputs(model: torch.nn.Module) -> None:
+def _contiguous_head_inputs(model: Any) -> None:
     """Make the output projection's input contiguous. ``generate`` (and ``logits_to_keep``) hand it a slice of the
     hidden states, and torch 2.13's CPU ``linear`` on a non-contiguous bfloat16 batch copies the weight once per
     row: 7.5 s instead of 0.02 s for 16 rows of a 150k-token vocabulary (bench/cpu_paths.py measures the effect)."""

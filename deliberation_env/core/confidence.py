@@ -66,7 +66,7 @@ def _yes_no_logprobs(top_logprobs: object) -> tuple[float | None, float | None]:
         word = token.strip().lower()
         if word in found and math.isfinite(logprob):
             found[word].append(min(float(logprob), 0.0))
-    return tuple(_logsumexp(found[word]) for word in ("yes", "no"))  # type: ignore[return-value]
+    return _logsumexp(found["yes"]), _logsumexp(found["no"])
 
 
 def _logsumexp(values: list[float]) -> float | None:

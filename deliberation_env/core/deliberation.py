@@ -25,10 +25,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from typing import cast
 
 import numpy as np
 
-from deliberation_env.backends.base import Completion, Request, sanitize_completion
+from deliberation_env.backends.base import Completion, Request, RequestKind, sanitize_completion
 from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.core import features
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
@@ -245,8 +246,8 @@ class Deliberation:
                 peers = [PeerView(snapshot[j].answer, short_rationale(snapshot[j].text)) for j in self.peer_indices(i)]
                 jobs.append((i, self.task.refine_messages(self.problem, agent.text, peers), "refine"))
                 agent.refinements += 1
-            elif action == Action.CONCEDE and targets[i] is not None:  # a masked CONCEDE: the adapter decides
-                self._concede(i, snapshot[targets[i]])
+            elif action == Action.CONCEDE and (target := targets[i]) is not None:  # masked CONCEDE: adapter decides
+                self._concede(i, snapshot[target])
         self._round_start = snapshot
         self._all_persist = all(action == Action.PERSIST for action in actions)
         if jobs:
@@ -330,7 +331,7 @@ class Deliberation:
     def consensus(self) -> str | None:
         if "consensus" not in self._derived:
             self._derived["consensus"] = plurality([a.answer for a in self.agents], [a.confidence for a in self.agents])
-        return self._derived["consensus"]  # type: ignore[return-value]
+        return cast("str | None", self._derived["consensus"])  # _derived: each key holds what its method stored
 
     def grade(self, answer: str | None) -> bool:
         """Grade an answer once per episode (graders may run code)."""
@@ -348,7 +349,7 @@ class Deliberation:
         targets = self._derived.get("targets")
         if targets is None:
             targets = self._derived["targets"] = [self._find_target(i) for i in range(len(self.agents))]
-        return targets[agent]  # type: ignore[index]
+        return cast("list[int | None]", targets)[agent]  # stored just above (or by an earlier call)
 
     def _find_target(self, agent: int) -> int | None:
         own = self.agents[agent].answer
@@ -418,12 +419,13 @@ class Deliberation:
         """The round the pending requests belong to: 0 while starting, else the round being played."""
         return self.round if self._starting else self.round + 1
 
-    def _request(self, agent: int, messages, kind: str, peer_states: Sequence[AgentState] | None = None) -> Request:
+    def _request(self, agent: int, messages, kind: RequestKind,
+                 peer_states: Sequence[AgentState] | None = None) -> Request:
         critic = kind == "critic"
         config = self.config
         return Request(
             messages=messages,
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             agent=agent,
             seed=mix_seed(self._seed, self.request_round, agent, _KIND_IDS[kind]),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import DeliberationConfig, mix_seed, stream_seed
@@ -90,7 +90,7 @@ class ReplayBackend:
                 completions[i] = self.set.lookup(requests[i])
             if self.write_back:
                 write_chunk(self.set.path / "chunks" / f"fallback-{time.time_ns()}.jsonl.gz", records)
-        return completions  # type: ignore[return-value]
+        return cast("list[Completion]", completions)  # the gaps are filled above
 
     def _place(self, request: Request) -> dict[str, Any]:
         """Where a request sits in the tree (split, problem, stream, round), found from its seed."""

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, mix_seed
@@ -125,7 +125,8 @@ class TreeRecorder:
             if any(record is None for record in found):
                 place = {"problem": path.problem.id, "stream": path.stream, "round": core.request_round}
                 return [(r, place) for r, record in zip(requests, found) if record is None]
-            core.receive([completion_for(r, record) for r, record in zip(requests, found)])  # type: ignore[arg-type]
+            records = cast("list[dict[str, Any]]", found)  # none is None: checked above
+            core.receive([completion_for(r, record) for r, record in zip(requests, records)])
         return []
 
     def _generate(self, missing: list[tuple[Request, dict[str, Any]]], on_generated) -> None:

@@ -353,11 +353,12 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, *, isolati
     _check_opt_in(mode)
     if timeout <= 0 or memory_mb <= 0:
         raise ValueError(f"timeout and memory_mb must be positive, got {timeout!r}, {memory_mb!r}")
-    options = dict(timeout=timeout, memory_mb=memory_mb, output_limit=output_limit, max_file_mb=max_file_mb,
-                   max_processes=max_processes, allow_site_packages=allow_site_packages)
+    run = functools.partial(_run, code, mode, timeout=timeout, memory_mb=memory_mb, output_limit=output_limit,
+                            max_file_mb=max_file_mb, max_processes=max_processes,
+                            allow_site_packages=allow_site_packages)
     if cgroup_base() is not None and not getattr(_thread_state, "spawner", False):
-        return _spawner_pool(1).submit(_run, code, mode, **options).result()
-    return _run(code, mode, **options)
+        return _spawner_pool(1).submit(run).result()
+    return run()
 
 
 def _run(code: str, mode: str, *, timeout: float, memory_mb: int, output_limit: int, max_file_mb: int,

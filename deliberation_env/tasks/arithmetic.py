@@ -88,6 +88,7 @@ def generate_problem(rng: random.Random, level: int, index: int, split: str) -> 
     Levels 1-5 draw exactly the random numbers they always drew, so their problems never change.
     """
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    ops: tuple[str, ...]
     if level == 0:  # one step, start 5-30, added/removed amounts 2-12
         step_count, max_start, max_amount, ops = 1, 30, 12, ONE_STEP_OPS
     else:

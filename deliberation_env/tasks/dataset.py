@@ -89,6 +89,7 @@ class DatasetTask(BaseTask):
     def load_rows(self, split: str) -> tuple[Rows, str, str]:
         """``(rows, source description, "line" or "row")`` for a split."""
         source = self.sources[split]
+        path: Path | None
         if self.data_dir is not None and Path(self.data_dir).expanduser().is_file():
             path = Path(self.data_dir).expanduser()
         else:

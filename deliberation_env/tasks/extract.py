@@ -22,7 +22,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from deliberation_env.tasks.base import DATA_ENV_VAR
 
@@ -32,7 +32,7 @@ MAX_WINDOW = 200
 """Characters after a marker that are searched for the answer."""
 
 
-def is_text(value: object) -> bool:
+def is_text(value: object) -> TypeGuard[str]:
     """Whether ``value`` is a str that UTF-8 can encode. Text with lone surrogates (``"\\ud800"``,
     e.g. from a bad JSON escape in a server's reply) is not: graders count it as a wrong answer."""
     if not isinstance(value, str):

@@ -30,6 +30,7 @@ import re
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from deliberation_env.sandbox import (
     ISOLATION_MODES,
@@ -121,7 +122,7 @@ def _is_body(code: str, need_return: bool = False) -> bool:
     tree = _parses(wrapped)
     if tree is None or not _compiles(wrapped):
         return False
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    body = cast(ast.FunctionDef, tree.body[0]).body  # wrapped is one "def _f()"
     if need_return and not any(isinstance(node, ast.Return) for node in ast.walk(tree)):
         return False
     return any(isinstance(node, _SUBSTANTIVE) for node in body) or any(
@@ -229,7 +230,13 @@ def _mutate(node: ast.AST) -> None:
     elif isinstance(node, ast.BoolOp):
         node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
     elif isinstance(node, ast.Constant):
-        node.value = (not node.value) if isinstance(node.value, bool) else node.value + 1
+        value = node.value
+        if isinstance(value, bool):
+            node.value = not value
+        elif isinstance(value, (int, float, complex)):
+            node.value = value + 1
+        else:  # _sites picks only int and bool constants
+            raise TypeError(f"cannot mutate the constant {value!r}")
 
 
 def mutants(program: str, entry: str, rng: random.Random) -> list[str]:
@@ -239,8 +246,9 @@ def mutants(program: str, entry: str, rng: random.Random) -> list[str]:
     if function is None:
         return []
     body = function.body
-    has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-        and isinstance(body[0].value.value, str)
+    first = body[0]
+    has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+        and isinstance(first.value.value, str)
     statements = body[1:] if has_doc else body
     if not statements:
         return []
