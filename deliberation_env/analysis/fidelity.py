@@ -39,7 +39,8 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
         for label, group in sorted(by_label.items())
     }
     fixed = {"wrong_to_right": [0, 0], "right_to_wrong": [0, 0]}
-    right_conf, wrong_conf = [], []
+    right_conf: list[float] = []
+    wrong_conf: list[float] = []
     for episode in episodes:
         for before, after in zip(episode.rounds, episode.rounds[1:]):
             for agent_before, agent in zip(before.agents, after.agents):
@@ -92,14 +93,18 @@ def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, tr
             if episode.problem_id not in problems:
                 raise ValueError(f"problem {episode.problem_id!r} is not in split {episode.split!r} of task "
                                  f"{episode.task!r} with settings {episode.task_settings}")
-            protocol = make_protocol(episode.label)
-            protocol.reset(episode.seed % 2**32)
-            env.begin_reset(problems[episode.problem_id], episode.seed)
-            env.run_pending()
-            observations, infos = env.end_reset()
-            while env.agents:
-                observations, _, _, _, infos = env.step(protocol.act(observations, infos))
+            play_episode(env, make_protocol(episode.label), problems[episode.problem_id], episode.seed)
     return read_traces(trace_path), notes
+
+
+def play_episode(env: Any, protocol: Any, problem: Any, seed: int) -> None:
+    """Play one episode of ``protocol`` on ``env`` (a ``DeliberationEnv``) with this problem and episode seed."""
+    protocol.reset(seed % 2**32)
+    env.begin_reset(problem, seed)
+    env.run_pending()
+    observations, infos = env.end_reset()
+    while env.agents:
+        observations, _, _, _, infos = env.step(protocol.act(observations, infos))
 
 
 def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: Path) -> str:
@@ -121,24 +126,26 @@ def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: 
                      f"{r['tokens']:.0f} | {s['tokens']:.0f} |")
     rho = spearman([real["protocols"][k]["accuracy"] for k in labels], [sim["protocols"][k]["accuracy"] for k in labels])
     lines += ["", "| measure | real | sim |", "|---|---|---|",
-              f"| Spearman of the protocol ranking by accuracy | {_fmt(rho)} | |",
-              f"| REFINE: wrong -> right | {_fmt(real['wrong_to_right'])} | {_fmt(sim['wrong_to_right'])} |",
-              f"| REFINE: right -> wrong | {_fmt(real['right_to_wrong'])} | {_fmt(sim['right_to_wrong'])} |",
-              f"| confidence AUROC | {_fmt(real['auroc'])} | {_fmt(sim['auroc'])} |"]
+              f"| Spearman of the protocol ranking by accuracy | {fmt(rho)} | |",
+              f"| REFINE: wrong -> right | {fmt(real['wrong_to_right'])} | {fmt(sim['wrong_to_right'])} |",
+              f"| REFINE: right -> wrong | {fmt(real['right_to_wrong'])} | {fmt(sim['right_to_wrong'])} |",
+              f"| confidence AUROC | {fmt(real['auroc'])} | {fmt(sim['auroc'])} |"]
     if len(labels) < 3:
         notes.append("fewer than 3 protocols: the Spearman correlation is not defined")
     lines += [""] + [f"- {note}" for note in notes]
     report = "\n".join(lines).rstrip() + "\n"
     (outdir / "report.md").write_text(report, encoding="utf-8")
-    _plot(labels, real, sim, rho, outdir / "report.png")
+    plot_comparison(labels, real, sim, rho, outdir / "report.png")
     return report
 
 
-def _fmt(value: float) -> str:
+def fmt(value: float | None) -> str:
+    """A measure with three decimals, ``n/a`` for None or NaN."""
     return "n/a" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
-def _plot(labels: Sequence[str], real: dict[str, Any], sim: dict[str, Any], rho: float, path: Path) -> None:
+def plot_comparison(labels: Sequence[str], real: dict[str, Any], sim: dict[str, Any], rho: float, path: Path) -> None:
+    """Accuracy and tokens per protocol, REFINE transitions and confidence AUROC: real vs sim bars (``summarize``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,7 +153,7 @@ def _plot(labels: Sequence[str], real: dict[str, Any], sim: dict[str, Any], rho:
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     x = np.arange(len(labels))
-    for ax, key, title in ((axes[0], "accuracy", f"accuracy (Spearman {_fmt(rho)})"), (axes[1], "tokens", "tokens per episode")):
+    for ax, key, title in ((axes[0], "accuracy", f"accuracy (Spearman {fmt(rho)})"), (axes[1], "tokens", "tokens per episode")):
         ax.bar(x - 0.2, [real["protocols"][k][key] for k in labels], 0.4, label="real")
         ax.bar(x + 0.2, [sim["protocols"][k][key] for k in labels], 0.4, label="sim")
         ax.set_xticks(x, labels, rotation=30, ha="right")

@@ -9,9 +9,13 @@ extraction runs on it exactly as on an LLM's text. Each request is answered from
 The model of an agent i on a problem of difficulty d (``Problem.difficulty``, else a stable
 hash of its id), with ``s_i = skills[i % len(skills)]``:
 
-- solve: correct with p = sigmoid(logit(s_i) - difficulty_weight * (d - 0.5)); otherwise no
-  answer (``no_answer_rate``) or a distractor, the first distractors much likelier
-  (``distractor_decay``), so wrong agents often agree on the same wrong answer;
+- solve: correct with p = sigmoid(logit(s_i) - difficulty_weight * (d - 0.5) + level_offsets[level]
+  - problem_spread * z), where ``level`` is the problem's ``metadata["level"]`` (no offset without one)
+  and z ~ N(0, 1) is the problem's latent difficulty, a stable hash of (task, problem id) shared by
+  all agents and seeds (``problem_latent``): with ``problem_spread`` > 0 the agents' first answers
+  are right or wrong together, as a real model's are; otherwise no answer (``no_answer_rate``) or a
+  distractor, the first distractors much likelier (``distractor_decay``), so wrong agents often
+  agree on the same wrong answer;
 - refine, currently right: with p = ``sycophancy`` x (share of wrong peers) the agent adopts a
   wrong peer's answer, else it stays right;
 - refine, currently wrong: right with p = ``refine_self`` x p_solve + ``refine_peer_gain`` x
@@ -25,8 +29,8 @@ hash of its id), with ``s_i = skills[i % len(skills)]``:
   harder problems) and ``critic_tokens``; prompt tokens estimated from the prompt's length;
 - knobs for behaviour that real traces show (``deliberation_env.analysis.calibrate`` fits them), off by
   default so that the default sim is unchanged: ``copy_peer`` (a refining agent just adopts a
-  peer's answer, as small models do) and ``refine_break`` (a right agent's revision comes out
-  wrong with no wrong peer to blame).
+  peer's answer, as small models do), ``refine_break`` (a right agent's revision comes out
+  wrong with no wrong peer to blame), ``problem_spread`` and ``level_offsets`` (above).
 
 ``SimBackend(config=...)`` takes a ``SimConfig``, a dict of knobs, or the path of a JSON file
 of knobs (``{"skills": [0.6, 0.5], ...}`` or the ``{"config": {...}, ...}`` that calibrate writes).
@@ -42,6 +46,7 @@ import random
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from statistics import NormalDist
 from typing import Any
 
 from deliberation_env.backends.base import Completion, Request, estimate_tokens
@@ -94,6 +99,10 @@ class SimConfig:
     """P(a REFINE-ing agent just adopts the answer of a peer, uniformly among those holding one)."""
     refine_break: float = 0.0
     """P(a right agent that REFINEs and is not swayed by a wrong peer still ends up wrong)."""
+    problem_spread: float = 0.0
+    """Standard deviation (in logits) of each problem's latent difficulty, shared by all its agents."""
+    level_offsets: tuple[float, ...] = ()
+    """Logit offset of a first solution per problem level (``metadata["level"]``: 0, 1, ...); missing ones are 0."""
 
     def __post_init__(self) -> None:
         for name in ("no_answer_rate", "distractor_decay", "sycophancy", "refine_self", "refine_peer_gain",
@@ -111,9 +120,17 @@ class SimConfig:
         for name in ("solve_tokens", "refine_tokens", "critic_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimConfig.{name} must be >= 1")
+        if not (math.isfinite(self.problem_spread) and 0.0 <= self.problem_spread <= MAX_LOGIT):
+            raise ValueError(f"SimConfig.problem_spread must be in [0, {MAX_LOGIT}] (logits), got {self.problem_spread!r}")
+        if not isinstance(self.level_offsets, tuple) or not all(
+                _is_number(o) and abs(o) <= MAX_LOGIT for o in self.level_offsets):
+            raise ValueError(f"SimConfig.level_offsets must be a tuple of logit offsets in [-{MAX_LOGIT}, {MAX_LOGIT}], "
+                             f"one per level from level 0, got {self.level_offsets!r}")
 
 
-_ADDED_KNOBS = {"copy_peer": 0.0, "refine_break": 0.0}
+MAX_LOGIT = 20.0
+"""Bound on ``problem_spread`` and on each level offset (in logits): beyond it every answer is decided."""
+_ADDED_KNOBS: dict[str, Any] = {"copy_peer": 0.0, "refine_break": 0.0, "problem_spread": 0.0, "level_offsets": ()}
 """Knobs added after caches keyed on identity() existed: named in the identity only when not at their default."""
 
 
@@ -168,10 +185,31 @@ def problem_difficulty(problem_id: str, difficulty: float | None) -> float:
     return (zlib.crc32(problem_id.encode()) % 1000) / 999.0 if difficulty is None else difficulty
 
 
-def solve_probability(config: SimConfig, agent: int, difficulty: float) -> float:
-    """P(agent's first solution is right) on a problem of this difficulty."""
+def problem_latent(task_name: str, problem_id: str) -> float:
+    """The problem's latent difficulty z ~ N(0, 1) for ``problem_spread``: a stable hash of (task, problem id)."""
+    u = (zlib.crc32(f"{task_name}/{problem_id}".encode()) + 0.5) / 2**32
+    return _NORMAL.inv_cdf(u)
+
+
+def problem_level(metadata: Mapping[str, Any]) -> int | None:
+    """The problem's level for ``level_offsets``: ``metadata["level"]`` when it is an int >= 0, else None."""
+    level = metadata.get("level")
+    return level if isinstance(level, int) and not isinstance(level, bool) and level >= 0 else None
+
+
+def solve_probability(config: SimConfig, agent: int, difficulty: float, latent: float = 0.0,
+                      level: int | None = None) -> float:
+    """P(agent's first solution is right) on a problem of this difficulty, latent difficulty and level."""
     skill = config.skills[agent % len(config.skills)]
-    return _sigmoid(_logit(skill) - config.difficulty_weight * (difficulty - 0.5))
+    logit = _logit(skill) - config.difficulty_weight * (difficulty - 0.5)
+    if level is not None and level < len(config.level_offsets):
+        logit += config.level_offsets[level]
+    if config.problem_spread:
+        logit -= config.problem_spread * latent
+    return _sigmoid(logit)
+
+
+_NORMAL = NormalDist()
 
 
 def _logit(p: float) -> float:
@@ -194,9 +232,10 @@ class SimBackend:
             self.config = config or SimConfig(**knobs)
         except TypeError as error:
             raise TypeError(f"{error}; SimConfig fields: {', '.join(SimConfig.__dataclass_fields__)}") from None
-        self._distractors: dict[str, tuple[list[str], list[float]]] = {}
-        """Per problem: its distractors and their cumulative weights (what ``rng.choices`` sums from the weights)."""
-        self._odds: dict[tuple[str, str, float | None, int], tuple[float, float]] = {}
+        self._distractors: dict[tuple[str, str], tuple[list[str], list[float]]] = {}
+        """Per problem (its key and question: tasks built with other settings reuse ids): its distractors and their
+        cumulative weights (what ``rng.choices`` sums from the weights)."""
+        self._odds: dict[tuple[str, str, str, int], tuple[float, float]] = {}
 
     def identity(self) -> str:
         return "sim:" + ",".join(f"{k}={v}" for k, v in asdict(self.config).items()
@@ -247,7 +286,7 @@ class SimBackend:
             return rng.choice([a for a in context.peer_answers if a is not None])
         if context.own_correct:
             switch = cfg.sycophancy * len(wrong_peers) / peers
-            answer = rng.choice(wrong_peers) if wrong_peers and rng.random() < switch else gold
+            answer: str | None = rng.choice(wrong_peers) if wrong_peers and rng.random() < switch else gold
             if answer == gold and cfg.refine_break and rng.random() < cfg.refine_break:
                 answer = self._wrong(context, rng)
             return answer
@@ -261,13 +300,15 @@ class SimBackend:
     def _problem_odds(self, context: SimContext, agent: int) -> tuple[float, float]:
         """(difficulty, P(agent's first solution is right)) of the context's problem, computed once."""
         problem = context.problem
-        key = (context.task.name, problem.id, problem.difficulty, agent)
+        key = (context.task.name, problem.id, problem.question, agent)
         odds = self._odds.get(key)
         if odds is None:
             if len(self._odds) > 100_000:
                 self._odds.clear()
             difficulty = problem_difficulty(problem.id, problem.difficulty)
-            odds = self._odds[key] = (difficulty, solve_probability(self.config, agent, difficulty))
+            p_solve = solve_probability(self.config, agent, difficulty, problem_latent(context.task.name, problem.id),
+                                        problem_level(problem.metadata))
+            odds = self._odds[key] = (difficulty, p_solve)
         return odds
 
     def _answer_token_logprobs(self, request: Request, text: str, answer: str | None, right: bool,
@@ -296,10 +337,12 @@ class SimBackend:
         if rng.random() < cfg.no_answer_rate:
             return None
         key = f"{context.task.name}/{context.problem.id}"
-        if key not in self._distractors:
+        cached = self._distractors.get((key, context.problem.question))
+        if cached is None:
             options = context.task.distractors(context.problem, random.Random(key))
-            self._distractors[key] = (options, list(itertools.accumulate(cfg.distractor_decay**k for k in range(len(options)))))
-        options, cum_weights = self._distractors[key]
+            cached = self._distractors[key, context.problem.question] = (
+                options, list(itertools.accumulate(cfg.distractor_decay**k for k in range(len(options)))))
+        options, cum_weights = cached
         if not options:
             return None
         return rng.choices(options, cum_weights=cum_weights)[0]
