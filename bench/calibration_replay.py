@@ -43,15 +43,15 @@ def main() -> None:
                 low, high = result["spearman_bootstrap_95"]
                 accuracies = ", ".join(f"{p['accuracy_sim']:.2f}" for p in result["protocols"].values())
                 spread = result["config"]["problem_spread"]
-                rows.append(f"| {name} | {seeds} | {result['spearman']:.2f} ({low:.2f} to {high:.2f}) | "
-                            f"{spread} | {accuracies} |")
+                rows.append(f"| {name} | {result['train_problems']} / {result['test_problems']} | {seeds} | "
+                            f"{result['spearman']:.2f} ({low:.2f} to {high:.2f}) | {spread} | {accuracies} |")
                 print(rows[-1], flush=True)
     real = ", ".join(f"{p['accuracy_real']:.2f}" for p in result["protocols"].values())
     header = (f"Calibrated sim vs replay set {args.replay}: Spearman of the protocols' accuracies "
               f"({', '.join(result['protocols'])}; real: {real}), fitted on {result['train_problems']} train "
               f"problems, compared on {result['test_problems']} test problems")
-    table = "\n".join(["| fit | seeds per problem | Spearman (95% bootstrap over problems) | problem_spread | "
-                       "sim accuracies |", "|---|---|---|---|---|", *rows])
+    table = "\n".join(["| fit | train / test problems | seeds per problem | Spearman (95% bootstrap over problems) | "
+                       "problem_spread | sim accuracies |", "|---|---|---|---|---|---|", *rows])
     save_markdown("calibration_replay", header, table)
 
 
