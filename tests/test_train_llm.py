@@ -133,6 +133,7 @@ def test_cli_trains_saves_and_evaluates_before_and_after(converted, tmp_path, mo
 @pytest.mark.parametrize(("args", "expected"), [
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--agents", "2", "--train-agents", "0,2"], "agent index 2 out of range in --train-agents 0,2: the team has agents 0..1"),
+    (["--agents", "3", "--group-size", "8"], "a rollout tree would hold 4681 states per problem (4096 leaves after 4 turns"),
 ])
 def test_cli_mistakes_are_one_line(tmp_path, args, expected):
     done = subprocess.run([sys.executable, "-m", "baselines.train_llm", *args], cwd=tmp_path, capture_output=True,

@@ -158,8 +158,15 @@ def check_tree_size(states: int, cfg: Any, detail: str) -> None:
         raise ValueError(
             f"a rollout tree would hold {states} states per problem ({detail}; --group-size {cfg.group_size}, --joint "
             f"{cfg.joint}, {cfg.agents} agents), more than --max-tree-nodes {cfg.max_tree_nodes}: lower --group-size "
-            "or --max-rounds, use --joint align (cross branches G^agents ways per turn), drop the critic turns "
-            "(--env-option confidence=answer_logprobs), or raise --max-tree-nodes")
+            f"or --max-rounds, {'' if cfg.joint == 'align' else 'use --joint align (cross branches G^agents ways per turn), '}"
+            "drop the critic turns (--env-option confidence=answer_logprobs), or raise --max-tree-nodes")
+
+
+def check_planned_tree(env: Any, cfg: Any) -> None:
+    """``check_tree_size`` for the tree planned from ``env``'s current state (reset it first)."""
+    branching = planned_branching(env, cfg.group_size, cfg.joint)
+    planned, leaves = tree_size(branching)
+    check_tree_size(planned, cfg, f"{leaves} leaves after {len(branching)} turns")
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -186,9 +193,7 @@ def collect(envs: Sequence[Any], team: Any, seeds: Sequence[int] | np.ndarray, u
         env.reset(seed=int(seeds[p]))
         level.append((tree.add(p, ()), env, {"rewards": np.zeros(tree.agents), "terms": {}, "tokens": 0, "correct": None}))
     if envs:  # fail before generating anything
-        branching = planned_branching(envs[0], size, cfg.joint)
-        planned, leaves = tree_size(branching)
-        check_tree_size(planned, cfg, f"{leaves} leaves after {len(branching)} turns")
+        check_planned_tree(envs[0], cfg)
     states = [1] * len(envs)  # per problem, so far
     samples: list[Sample] = []
     while level:

@@ -44,7 +44,7 @@ import numpy as np
 from baselines.config import add_config_arguments, config_from_args, field_docs
 from baselines.llm.config import ALGOS, LLMTrainConfig, make_text_env
 from baselines.llm.evaluation import evaluate_team, meta_env, report
-from baselines.llm.rollout import Sample, advantages, collect
+from baselines.llm.rollout import Sample, advantages, check_planned_tree, collect
 from deliberation_env.cli import ArgumentParser, KeyValueAction, report_user_errors, user_input
 
 PROG = "python -m baselines.train_llm"
@@ -323,7 +323,9 @@ def main(argv: Sequence[str] | None = None) -> Any:
     cfg = config_from_args(LLMTrainConfig, args)
     with user_input():
         cfg.validate()
-        make_text_env(cfg)  # an unknown task, a bad task/env option or reward name fails here, in one line
+        env = make_text_env(cfg)  # an unknown task, a bad task/env option or reward name fails here, in one line
+        env.reset(seed=cfg.seed)
+        check_planned_tree(env, cfg)  # so does a rollout tree over --max-tree-nodes, before the model loads
         if cfg.evaluate or cfg.eval_every:
             meta_env(cfg, None, check_problems=True)
         os.makedirs(cfg.out, exist_ok=True)
