@@ -16,7 +16,7 @@ def command_line() -> str:
     """The command that started this script, ready to paste (the home folder written as ~, so that no path of
     the measuring machine ends up in the results)."""
     home = os.path.expanduser("~") + os.sep
-    return "python " + " ".join("~/" + shlex.quote(a[len(home):]) if a.startswith(home) else shlex.quote(a)
+    return "python " + " ".join("~/".join(shlex.quote(piece) if piece else "" for piece in a.split(home))
                                 for a in sys.argv)
 
 
