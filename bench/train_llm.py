@@ -1,180 +1,258 @@
-"""Fine-tune the LLM agents themselves: MAGRPO against independent GRPO and against team-pooled groups, each arm
-from the same untrained team, on the same problems, seeds and number of updates, evaluated on the same held-out
-test problems before and after (Wilson 95% intervals).
+"""Fine-tune the LLM agents themselves: a 2x2 study of reward x credit, in resumable chunks.
 
-Arms (``--arms``, any subset, in this order; default: the first three):
+Every cell trains the same untrained team (one LoRA adapter per agent) on the same problems with the same
+normalisation (group mean baseline divided by the group's std), and is evaluated on the same held-out test
+problems. The two factors:
 
-| arm          | credit of a completion                   | advantage groups                  | rewards (weights)         |
-|--------------|------------------------------------------|-----------------------------------|---------------------------|
-| magrpo       | the rollout's team return (shared)       | per (problem, agent, turn)        | team 1, format 0.1        |
-| grpo-indep   | its agent's own return (independent)     | per (problem, agent, turn), / std | correct 1, format 0.1     |
-| magrpo-pool  | the rollout's team return (shared)       | per (problem, turn), team pooled  | team 1, format 0.1        |
-| grpo-indep-pool | its agent's own return                | per (problem, turn), team pooled, / std | correct 1, format 0.1 |
+| cell          | reward of an agent's turn                     | credit: what a completion's advantage compares          |
+|---------------|-----------------------------------------------|---------------------------------------------------------|
+| team-shared   | the team's consensus is right (team 1)        | the joint action's summed return, one group per node    |
+| team-own      | the team's consensus is right (team 1)        | the agent's own return, one group per (node, agent)     |
+| own-shared    | the agent's own answer is right (correct 1)   | the joint action's summed return, one group per node    |
+| own-own       | the agent's own answer is right (correct 1)   | the agent's own return, one group per (node, agent)     |
 
-With team credit in the aligned mode, pooling changes nothing: every agent has one completion per rollout and
-turn, and all of them carry the rollout's team return, so a pooled group has the same mean (and std) as each
-agent's group (magrpo-pool reproduces magrpo exactly). Pooling matters with own-return credit.
+(plus format 0.1 everywhere: an answer the task's extractor can read; the core's per-round terms are off.)
+team-shared is MAGRPO's setting (a shared team reward, credited jointly); own-own is independent GRPO learners.
+The rollouts are MAGRPO's aligned turn trees (``--joint align``): G siblings branch from one shared history at each
+turn, and returns are returns-to-go.
 
-``team`` is 1 when the team's final consensus is right; ``correct`` is 1 per turn when the agent's own answer is
-right; ``format`` is 1 per turn when the task's extractor can read an answer (text_rewards, docs/train_llm.md).
+A chunk is one (cell, seed): train (saving its state after every update: a killed chunk resumes from its last
+update), evaluate on the held-out problems, write ``<out>/<cell>-seed<k>/result.json``. A rerun skips finished chunks,
+so the study runs in the background across sessions:
 
-The CPU study of docs/train_llm.md (2 agents, Qwen2.5-Coder-0.5B-Instruct GGUF, one LoRA adapter each, bfloat16,
-arithmetic level 0, 1 debate round):
+    python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    python bench/train_llm.py --model ... --report-only      # the report from the chunks finished so far
 
-    # the Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (hub: Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF), any path
-    python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \\
-        --updates 25 --eval-problems 100
-    python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
-        --updates 25 --eval-problems 100 --arms grpo-indep-pool --no-untrained --stem train_llm_pool
+The report (results/<--stem>.md, .png): per cell, held-out accuracy over all its seeds' episodes (Wilson 95%) and
+each seed's; paired differences per problem (each problem's correctness averaged over seeds, bootstrap 95% over
+problems) for every pair of cells, the untrained team, and the two main effects; learning curves (training
+accuracy and evaluation during training, mean over seeds); the cost of each chunk.
 
-On a GPU (untested here: no GPU was available), a 0.5B-1.5B hub model:
+On a GPU (not run here), a larger team:
 
     python bench/train_llm.py --model Qwen/Qwen2.5-1.5B-Instruct --device cuda --dtype bfloat16 --agents 3 \\
         --group-size 8 --problems-per-update 4 --updates 200 --max-tokens 256 --eval-problems 500 --threads 8
-
-Writes results/<--stem>.md and .png (before/after per arm, the training curves) and one run folder per arm
-under --out (metrics, reward_curves.png, checkpoint/).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
+import json
 import os
 import time
+from dataclasses import asdict
 
 import numpy as np
-from _results import RESULTS, save_markdown
+from _results import RESULTS, save_markdown, wilson_interval
 
 from baselines.llm.config import LLMTrainConfig
-from baselines.llm.evaluation import comparison_table, evaluate_team
+from baselines.llm.evaluation import evaluate_team
 from baselines.llm.policy import team_backends
 from baselines.llm.train_llm import train
 from baselines.logger import read_metrics
+from deliberation_env.analysis.metrics import paired_bootstrap
 
-ARMS = {
-    "magrpo": {"algo": "magrpo", "credit": "team", "reward_weights": {"team": 1.0, "format": 0.1}},
-    "grpo-indep": {"algo": "grpo", "credit": "agent", "reward_weights": {"correct": 1.0, "format": 0.1}},
-    "magrpo-pool": {"algo": "magrpo", "credit": "team", "pool_agents": True,
-                    "reward_weights": {"team": 1.0, "format": 0.1}},
-    "grpo-indep-pool": {"algo": "grpo", "credit": "agent", "pool_agents": True,
-                        "reward_weights": {"correct": 1.0, "format": 0.1}},
-}
-NO_ROUND_TERMS = {"local": 0.0, "global": 0.0}
-"""The core's per-round terms are off in every arm, so each arm's reward is exactly its table row."""
+REWARDS = {"team": {"team": 1.0}, "own": {"correct": 1.0}}
+CREDITS = {"shared": {"credit": "team", "pool_agents": True}, "own": {"credit": "agent", "pool_agents": False}}
+CELLS = [f"{reward}-{credit}" for reward, credit in itertools.product(REWARDS, CREDITS)]
+COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
+"""format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS)[:3], choices=list(ARMS))
-    parser.add_argument("--no-untrained", dest="untrained", action="store_false",
-                        help="skip evaluating the untrained team (when an earlier run of the same settings did)")
+    parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--problems-per-update", type=int, default=2)
-    parser.add_argument("--updates", type=int, default=25)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--max-rounds", type=int, default=1)
+    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--prompt", default="no_code", help="arithmetic prompt (no_code: reason in words)")
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--eval-problems", type=int, default=100)
+    parser.add_argument("--eval-problems", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate during training every N updates (0: off)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation_env/converted"))
-    parser.add_argument("--out", default=os.path.join("runs", "bench-train-llm"))
-    parser.add_argument("--stem", default="train_llm", help="results file stem under bench/results/")
-    return parser.parse_args()
+    parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation-models/converted"))
+    parser.add_argument("--out", default=os.path.join("runs", "bench-train-llm-2x2"))
+    parser.add_argument("--stem", default="train_llm_2x2", help="results file stem under bench/results/")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the finished chunks")
+    return parser.parse_args(argv)
 
 
-def arm_config(args: argparse.Namespace, arm: str) -> LLMTrainConfig:
-    settings = dict(ARMS[arm])
-    weights = {**NO_ROUND_TERMS, **settings.pop("reward_weights")}
+def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfig:
+    reward, credit = cell.split("-")
+    out = os.path.join(args.out, f"{cell}-seed{seed}")
+    state = os.path.join(out, "state")
     return LLMTrainConfig(
-        model=args.model, agents=args.agents, group_size=args.group_size, problems_per_update=args.problems_per_update,
-        updates=args.updates, max_tokens=args.max_tokens, max_rounds=args.max_rounds, lr=args.lr,
-        eval_problems=args.eval_problems, device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
-        converted_cache_dir=args.converted_cache_dir, out=os.path.join(args.out, arm), task_options={"levels": (0,)},
-        env_options={"confidence": "answer_logprobs"}, reward_weights=weights, weights="lora", evaluate=False,
-        tensorboard=False, **settings)
+        algo="grpo", model=args.model, agents=args.agents, group_size=args.group_size, joint="align",
+        problems_per_update=args.problems_per_update, updates=args.updates, max_tokens=args.max_tokens,
+        max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
+        device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,
+        out=out, task_options={"levels": tuple(args.levels), "prompt": args.prompt},
+        env_options={"confidence": "answer_logprobs"}, reward_weights={**REWARDS[reward], **COMMON_WEIGHTS},
+        weights="lora", evaluate=False, tensorboard=False, save_every=1, resume=state if os.path.isdir(state) else "",
+        progress=True, **CREDITS[credit])
 
 
-def plot_curves(curves: dict[str, list[dict]], path: str) -> None:
+def result_path(args: argparse.Namespace, name: str) -> str:
+    return os.path.join(args.out, name, "result.json")
+
+
+def write_result(path: str, row: dict, extra: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".partial", "w", encoding="utf-8") as f:
+        json.dump({**extra, "row": row}, f)
+    os.replace(path + ".partial", path)
+
+
+def run_untrained(args: argparse.Namespace) -> None:
+    """The untrained team on the held-out problems (LoRA adapters start as the identity: every cell starts here)."""
+    path = result_path(args, "untrained")
+    if os.path.exists(path):
+        return
+    from baselines.llm.policy import LoraSettings, TeamPolicy
+
+    cfg = cell_config(args, CELLS[0], 0)
+    team = TeamPolicy(cfg.model, cfg.agents, "lora", LoraSettings(cfg.lora_rank, cfg.lora_alpha), dtype=cfg.dtype,
+                      device=cfg.device, batch_size=cfg.generate_batch, converted_cache_dir=cfg.converted_cache_dir)
+    start = time.time()
+    row = evaluate_team("untrained", [_Untrained(team)] * cfg.agents, cfg)
+    write_result(path, row, {"eval_seconds": time.time() - start})
+
+
+def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
+    path = result_path(args, f"{cell}-seed{seed}")
+    if os.path.exists(path):
+        return
+    cfg = cell_config(args, cell, seed)
+    start = time.time()
+    team = train(cfg)
+    train_seconds = time.time() - start
+    del team
+    gc.collect()
+    backends = team_backends(os.path.join(cfg.out, "checkpoint"), dtype=cfg.dtype, device=cfg.device,
+                             batch_size=cfg.generate_batch)
+    start = time.time()
+    row = evaluate_team(f"{cell} seed {seed}", backends, cfg)
+    write_result(path, row, {"cell": cell, "seed": seed, "train_seconds": train_seconds,
+                             "eval_seconds": time.time() - start, "config": asdict(cfg)})
+    print(f"{cell} seed {seed}: held-out accuracy {row['accuracy']:.3f}", flush=True)
+
+
+def load_results(args: argparse.Namespace) -> tuple[dict | None, dict[str, list[dict]]]:
+    untrained = None
+    if os.path.exists(result_path(args, "untrained")):
+        with open(result_path(args, "untrained"), encoding="utf-8") as f:
+            untrained = json.load(f)
+    cells: dict[str, list[dict]] = {}
+    for cell in CELLS:
+        for seed in args.seeds:
+            path = result_path(args, f"{cell}-seed{seed}")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    cells.setdefault(cell, []).append(json.load(f))
+    return untrained, cells
+
+
+def per_problem(results: list[dict]) -> np.ndarray:
+    """Each held-out problem's correctness, averaged over the results (seeds)."""
+    return np.mean([r["row"]["per_problem_accuracy"] for r in results], axis=0)
+
+
+def accuracy_text(results: list[dict]) -> str:
+    episodes = sum(r["row"]["episodes"] for r in results)
+    right = sum(round(r["row"]["accuracy"] * r["row"]["episodes"]) for r in results)
+    low, high = wilson_interval(right, episodes)
+    return f"{right / episodes:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def difference_text(a: np.ndarray, b: np.ndarray) -> str:
+    diff, low, high = paired_bootstrap(a, b)
+    return f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def report(args: argparse.Namespace) -> None:
+    untrained, cells = load_results(args)
+    if not cells and untrained is None:
+        print("no finished chunk yet")
+        return
+    lines = ["| cell | seeds | held-out accuracy [Wilson 95%] | per seed | vs untrained [paired 95%] | tokens / problem | "
+             "train min / seed | eval min / seed |", "|---|---|---|---|---|---|---|---|"]
+    if untrained is not None:
+        lines.append(f"| untrained | - | {accuracy_text([untrained])} | - | - | {untrained['row']['tokens']:.0f} | - | "
+                     f"{untrained['eval_seconds'] / 60:.0f} |")
+    for cell, results in cells.items():
+        versus = difference_text(per_problem(results), per_problem([untrained])) if untrained else "-"
+        lines.append(f"| {cell} | {len(results)} | {accuracy_text(results)} | "
+                     + ", ".join(f"{r['row']['accuracy']:.3f}" for r in sorted(results, key=lambda r: r["seed"]))
+                     + f" | {versus} | {np.mean([r['row']['tokens'] for r in results]):.0f} | "
+                     f"{np.mean([r['train_seconds'] for r in results]) / 60:.0f} | "
+                     f"{np.mean([r['eval_seconds'] for r in results]) / 60:.0f} |")
+    pairs = ["| comparison | difference [paired 95%] |", "|---|---|"]
+    for a, b in itertools.combinations(cells, 2):
+        pairs.append(f"| {a} - {b} | {difference_text(per_problem(cells[a]), per_problem(cells[b]))} |")
+    if len(cells) == 4:
+        score = {cell: per_problem(results) for cell, results in cells.items()}
+        reward = (score["team-shared"] + score["team-own"] - score["own-shared"] - score["own-own"]) / 2
+        credit = (score["team-shared"] + score["own-shared"] - score["team-own"] - score["own-own"]) / 2
+        pairs.append(f"| main effect of the reward (team - own) | {difference_text(reward, np.zeros_like(reward))} |")
+        pairs.append(f"| main effect of the credit (shared - own) | {difference_text(credit, np.zeros_like(credit))} |")
+    cfg = cell_config(args, CELLS[0], 0)
+    body = (f"Team of {cfg.agents} x {os.path.basename(args.model)} (one LoRA adapter each, {cfg.dtype}, {cfg.device}), "
+            f"arithmetic levels {list(args.levels)} with the {args.prompt} prompt, debate with {cfg.max_rounds} round, "
+            f"{cfg.max_tokens} tokens per answer, aligned trees of G={cfg.group_size} x {cfg.problems_per_update} problems "
+            f"per update, {cfg.updates} updates, lr {cfg.lr:g}, grpo normalisation in every cell; "
+            f"{args.eval_problems} held-out test problems, the same for every row (1 evaluation seed each):\n\n"
+            + "\n".join(lines) + "\n\nPaired differences (per problem, correctness averaged over seeds):\n\n"
+            + "\n".join(pairs) + f"\n\nLearning curves: {args.stem}.png. Chunks finished: "
+            + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + ".")
+    if cells:
+        plot_curves(args, cells, os.path.join(RESULTS, f"{args.stem}.png"))
+    save_markdown(args.stem, "LLM fine-tuning, a 2x2 of reward x credit (bench/train_llm.py)", body)
+
+
+def plot_curves(args: argparse.Namespace, cells: dict[str, list[dict]], path: str) -> None:
     from baselines.evaluation.evaluate import headless_pyplot
 
     plt = headless_pyplot()
-    keys = ("accuracy", "reward_correct", "reward_format", "completion_tokens")
+    keys = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
     for ax, key in zip(axes, keys):
-        for arm, rows in curves.items():
-            values = np.array([r[key] for r in rows], dtype=float)
-            window = min(5, len(values))
+        for cell, results in cells.items():
+            runs = [read_metrics(os.path.join(args.out, f"{cell}-seed{r['seed']}")) for r in results]
+            length = min(len(rows) for rows in runs)
+            values = np.mean([[row.get(key, np.nan) for row in rows[:length]] for rows in runs], axis=0)
+            window = min(5, length)
             smooth = np.convolve(values, np.ones(window) / window, mode="valid") if window else values
-            ax.plot(np.arange(window, len(values) + 1), smooth, label=arm)
-        ax.set_title(f"{key} (training rollouts, mean of 5)", fontsize=9)
+            ax.plot(np.arange(window, length + 1), smooth, label=cell)
+        ax.set_title(f"{key} (training rollouts, mean of seeds, of 5 updates)", fontsize=8)
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def main() -> None:
-    args = parse_args()
-    began = time.time()
-    rows: list[dict] = []
-    curves: dict[str, list[dict]] = {}
-    timing: list[str] = []
-    for arm in args.arms:
-        cfg = arm_config(args, arm)
-        start = time.time()
-        team = train(cfg)
-        seconds = time.time() - start
-        if args.untrained and not rows:  # the untrained team: LoRA adapters start as the identity, so every arm starts here
-            row = evaluate_team("untrained", [_Untrained(team)] * cfg.agents, cfg)
-            rows.append(row)
-        del team
-        gc.collect()
-        backends = team_backends(os.path.join(cfg.out, "checkpoint"), dtype=cfg.dtype, device=cfg.device,
-                                 batch_size=cfg.generate_batch)
-        curves[arm] = read_metrics(cfg.out)
-        rows.append(evaluate_team(f"{arm} after {len(curves[arm])} updates", backends, cfg))
-        del backends
-        gc.collect()
-        print(comparison_table(rows), flush=True)
-        metrics = curves[arm]
-        rollout, update = (float(np.mean([m[key] for m in metrics])) for key in ("rollout_tok_s", "update_tok_s"))
-        timing.append(f"| {arm} | {len(metrics)} | {sum(m['seconds'] for m in metrics) / 60:.1f} | "
-                      f"{rollout:.0f} | {update:.0f} | {seconds / 60:.1f} |")
-        report(args, rows, curves, timing, began)  # after every arm, so that a stopped run keeps what it measured
-
-
-def report(args: argparse.Namespace, rows: list[dict], curves: dict[str, list[dict]], timing: list[str],
-           began: float) -> None:
-    """Write results/<stem>.md and .png from the arms done so far."""
-    plot_curves(curves, os.path.join(RESULTS, f"{args.stem}.png"))
-    first = arm_config(args, args.arms[0])
-    terms = ("accuracy", "reward_team", "reward_correct", "reward_format", "completion_tokens")
-    thirds = ["| arm | updates | " + " | ".join(terms) + " |", "|---" * (len(terms) + 2) + "|"]
-    for arm, metrics in curves.items():
-        third = max(1, len(metrics) // 3)
-        for part in (metrics[:third], metrics[-third:]):
-            thirds.append(f"| {arm} | {part[0]['step']}-{part[-1]['step']} | "
-                          + " | ".join(f"{np.mean([m.get(k, 0.0) for m in part]):.3f}" for k in terms) + " |")
-    body = (f"Team of {first.agents} x {os.path.basename(args.model)} (one LoRA adapter each, {first.dtype}, "
-            f"{first.device}), arithmetic level 0, debate with {first.max_rounds} round, {first.max_tokens} tokens per "
-            f"answer, G={first.group_size} x {first.problems_per_update} problems per update, lr {first.lr:g}; held-out "
-            f"test problems ({args.eval_problems}, the same for every row):\n\n{comparison_table(rows)}\n\n"
-            "Training cost per arm (rollouts: completion tokens generated per second; updates: prompt + completion "
-            "tokens through forward and backward per second):\n\n"
-            "| arm | updates | training minutes | rollout tok/s | update tok/s | minutes with saving |\n"
-            "|---|---|---|---|---|---|\n" + "\n".join(timing)
-            + "\n\nTraining rollouts, first and last thirds of the updates (means; reward terms are per agent and "
-            "episode):\n\n" + "\n".join(thirds)
-            + f"\n\nCurves: {args.stem}.png. Whole run: {(time.time() - began) / 60:.0f} minutes.")
-    save_markdown(args.stem, "LLM fine-tuning arms: MAGRPO vs independent GRPO vs team-pooled groups", body)
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not args.report_only:
+        run_untrained(args)
+        report(args)
+        for seed in args.seeds:  # seed-major: after the first pass every cell has a seed
+            for cell in args.cells:
+                run_chunk(args, cell, seed)
+                report(args)  # after every chunk, so a stopped study keeps what it measured
+    report(args)
 
 
 class _Untrained:

@@ -159,6 +159,7 @@ def summarize(name: str, seed_records: Sequence[Sequence[dict[str, Any]]]) -> di
         "score": np.mean([[r["reward"] / r["agents"] for r in records] for records in seed_records], axis=0),
         "tokens": np.mean([[r["tokens"] for r in records] for records in seed_records], axis=0),
     }
+    row["per_problem_accuracy"] = per_problem["accuracy"].tolist()  # for paired comparisons (not in the CSV)
     for key in runs[0]:
         row[key] = float(np.mean([r[key] for r in runs]))
         if key in per_problem:
@@ -255,7 +256,8 @@ def _interval(row: dict[str, Any], key: str, spec: str) -> str:
 def save_table(rows: Sequence[dict[str, Any]], out: str, stem: str = "table") -> str:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{stem}.csv"), "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=[k for k, v in rows[0].items() if not isinstance(v, list)],
+                                extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     text = markdown_table(rows)
