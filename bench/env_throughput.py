@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 
 from pettingzoo.classic import rps_v2
@@ -82,13 +83,18 @@ def compare_replay(name: str, seconds: float) -> None:
                                         num_agents=card.settings["num_agents"], max_rounds=card.rounds,
                                         confidence=card.confidence, **settings)
     replay = replay_env(dataset, split=next(iter(card.splits)))
+    slices = 10  # interleaved, so that load from other jobs falls on both alike
     print(f"config: {card.name} ({len(dataset)} completions), agents={card.settings['num_agents']} "
-          f"rounds={card.rounds} seconds={seconds}")
-    sim_rate, _ = rounds_per_second(sim, seconds)
-    replay_rate, _ = rounds_per_second(replay, seconds)
-    print(f"sim    : {sim_rate:10.0f} rounds/s")
-    print(f"replay : {replay_rate:10.0f} rounds/s")
-    print(f"ratio replay / sim : {replay_rate / sim_rate:10.3f}")
+          f"rounds={card.rounds}, {slices} interleaved pairs of {seconds / slices:g} s each")
+    pairs = []
+    for k in range(slices):
+        sim_rate, _ = rounds_per_second(sim, seconds / slices, seed=k)
+        replay_rate, _ = rounds_per_second(replay, seconds / slices, seed=k)
+        pairs.append((sim_rate, replay_rate))
+    ratios = sorted(r / s for s, r in pairs)
+    print(f"sim    : {statistics.median(s for s, _ in pairs):10.0f} rounds/s (median of the slices)")
+    print(f"replay : {statistics.median(r for _, r in pairs):10.0f} rounds/s")
+    print(f"ratio replay / sim : {statistics.median(ratios):10.3f} (median of the pairs; range {ratios[0]:.3f}-{ratios[-1]:.3f})")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ SETTING_FIELDS = ("num_agents", "concede_target", "reintrospect_concede", "max_t
 """The ``DeliberationConfig`` fields that change which requests an episode makes (besides rounds and confidence)."""
 RECORD_FIELDS = ("key", "split", "problem", "stream", "round", "agent", "kind", "text", "prompt_tokens",
                  "completion_tokens", "finish_reason", "top_logprobs", "token_logprobs")
+LOOKUP_MEMO = 1 << 16
+"""Completions ``ReplaySet.lookup`` remembers at most (then it starts over)."""
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -214,6 +216,7 @@ class ReplaySet:
                               "`python -m deliberation_env.record`)")
         self.card = ReplayCard.from_json(card_file.read_text(encoding="utf-8"), str(card_file))
         self.records: dict[str, dict[str, Any]] = {}
+        self._found: dict[tuple[Any, ...], Completion] = {}
         for record in read_records(self.path):
             self.records[record["key"]] = record
 
@@ -234,8 +237,20 @@ class ReplaySet:
         return self._solves[problem_id, stream, agent]
 
     def lookup(self, request: Request) -> Completion | None:
-        record = self.records.get(request_key(request))
-        return None if record is None else completion_for(request, record)
+        """The recorded completion of ``request``, or None. Found completions are remembered by what determines
+        them (hashing the request's JSON is most of a lookup's cost); Completions are frozen, so sharing is safe."""
+        memo_key = (request.messages, request.seed, request.max_tokens, request.temperature, request.top_p,
+                    request.logprobs, request.token_logprobs)
+        found = self._found.get(memo_key)
+        if found is None:
+            record = self.records.get(request_key(request))
+            if record is None:
+                return None
+            found = completion_for(request, record)
+            if len(self._found) >= LOOKUP_MEMO:
+                self._found.clear()
+            self._found[memo_key] = found
+        return found
 
     def check(self, task: Task, config: DeliberationConfig, split: str) -> list[Problem]:
         """The recorded problems of ``split`` if this set serves every episode of ``task`` under ``config``;
