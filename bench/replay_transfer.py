@@ -4,7 +4,7 @@
         --backend transformers --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dtype bfloat16 --batch-size 16 --backend-option converted_cache_dir=~/.cache/deliberation-models/converted
 
-1. Trains SoftRankPO on the set's train split, as bench/replay_benchmark.py does (kept in <out>/policy: a rerun
+1. Trains SoftRankPO on the set's train split, as bench/replay_benchmark.py does (kept in <runs>/policy: a rerun
    loads it).
 2. Plays it and the fixed protocols (--protocols) on the set's test split: the replay's prediction.
 3. Plays the same policy and protocols live, through the backend flags, on test problems outside the recording
@@ -26,7 +26,6 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,7 +52,7 @@ def problem_range(text: str) -> range:
 
 def trained_policy(dataset: ReplaySet, args):
     """SoftRankPO trained on the train split (bench/replay_benchmark.py's settings), or the one a run saved."""
-    out = os.path.join(args.out, "policy")
+    out = os.path.join(args.runs, "policy")
     path = os.path.join(out, "policy.pt")
     if not os.path.exists(path):
         cfg = config_class("softrankpo")(episodes=args.episodes, seed=args.seed, out=out, progress=False,
@@ -70,11 +69,8 @@ def actor_for(name: str, policy):
 def play_live(dataset: ReplaySet, backend, name: str, policy, problems: range, wave: int) -> dict[str, np.ndarray]:
     """Per live problem: correct (0/1) and tokens."""
     envs = [DeliberationEnv(backend=backend, split="test", **env_settings(dataset.card)) for _ in range(wave)]
-    records = []
-    for start in tqdm(range(0, len(problems), wave), desc=f"live {name}", unit="wave"):
-        indices = problems[start : start + wave]
-        episodes = [(episode_seed(0, i), i) for i in indices]
-        records += play_episodes(envs[: len(episodes)], [actor_for(name, policy) for _ in episodes], episodes)
+    episodes = [(episode_seed(0, i), i) for i in problems]
+    records = play_episodes(envs, [actor_for(name, policy) for _ in envs], episodes, progress=f"live {name}")
     return {"correct": np.array([float(r["correct"]) for r in records]),
             "tokens": np.array([r["tokens"] for r in records], float)}
 
@@ -94,7 +90,8 @@ def main(argv=None) -> None:
     parser.add_argument("--episodes", type=int, default=4000, help="SoftRankPO training episodes on the replay")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wave", type=int, default=16, help="live envs played together (one backend batch)")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "replay_transfer"))
+    parser.add_argument("--out", default=os.path.join(RESULTS, "replay_transfer"), help="report and CSV")
+    parser.add_argument("--runs", default=os.path.join("runs", "replay-transfer"), help="the trained policy")
     add_backend_arguments(parser, backend_default="transformers")
     args = parser.parse_args(argv)
     dataset = ReplaySet(args.dataset)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.logger import read_metrics
+from baselines.logger import progress_bar, read_metrics
 from baselines.meta.policy import Policy, load_checkpoint, load_policy
 from baselines.meta.rollout import EnvPool
 from baselines.runtime import policy_threads, torch_threads
@@ -75,15 +75,16 @@ def episode_seed(seed: int, index: int) -> int:
 
 
 def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequence[tuple[int, int]],
-                  index_option: str | None = "problem_index") -> list[dict[str, Any]]:
+                  index_option: str | None = "problem_index", progress: str | None = None) -> list[dict[str, Any]]:
     """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)``, env i acted on by
     actor i, which is reset with the episode's seed: an episode's actions do not depend on the wave it is in.
     Deliberation envs are answered together (``baselines.meta.rollout.EnvPool``). One record per episode:
     ``correct`` (None without ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``,
     ``actions`` (a Counter), ``rounds`` (a Counter of actions per round) and ``agents``. The one episode runner of
-    evaluation and the bench scripts."""
+    evaluation and the bench scripts. ``progress``: show a progress bar with this label (for live models)."""
     pool = EnvPool(envs)
     records: list[dict[str, Any]] = []
+    bar = progress_bar(len(episodes), progress or "", enabled=progress is not None)
     for start in range(0, len(episodes), len(envs)):
         wave = list(episodes[start : start + len(envs)])
         for actor, (seed, _) in zip(actors, wave):
@@ -112,6 +113,8 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
             records.append({"correct": bool(flags[0]) if flags else None, "reward": record["reward"],
                             "tokens": record["tokens"], "actions": record["actions"], "rounds": record["rounds"],
                             "agents": max(1, len(envs[e].possible_agents))})
+        bar.update(len(wave))
+    bar.close()
     return records
 
 
@@ -170,13 +173,13 @@ def summarize(name: str, seed_records: Sequence[Sequence[dict[str, Any]]]) -> di
 
 def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[], Any]]], problems: int,
                      seeds: Sequence[int], index_option: str | None = "problem_index", batch_size: int = 32,
-                     cache: Any = None) -> list[dict[str, Any]]:
+                     cache: Any = None, progress: bool = False) -> list[dict[str, Any]]:
     """entries: (name, make_actor, make_env). Returns one summary row per entry.
 
     Each entry plays its ``problems x len(seeds)`` episodes on ``batch_size`` envs at a time (one actor per
     env), so a backend answers up to ``batch_size`` episodes per call; the numbers do not depend on
     ``batch_size``. With ``cache`` (the ``CachedBackend`` the entries' envs share), each row also gets the
-    entry's ``cache_hits`` and ``cache_misses``."""
+    entry's ``cache_hits`` and ``cache_misses``. ``progress``: a progress bar per entry (for live models)."""
     if problems < 1 or batch_size < 1 or not seeds:
         raise ValueError(f"problems and batch_size must be >= 1 and seeds non-empty, got {problems}, {batch_size}, {seeds}")
     episodes = [(episode_seed(seed, index), index) for seed in seeds for index in range(problems)]
@@ -184,7 +187,8 @@ def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[]
     for name, make_actor, make_env in entries:
         envs = [make_env() for _ in range(min(batch_size, len(episodes)))]
         before = (cache.stats.hits, cache.stats.misses) if cache is not None else (0, 0)
-        records = play_episodes(envs, [make_actor() for _ in envs], episodes, index_option)
+        records = play_episodes(envs, [make_actor() for _ in envs], episodes, index_option,
+                                progress=f"evaluating {name}" if progress else None)
         row = summarize(name, [records[i * problems : (i + 1) * problems] for i in range(len(seeds))])
         if cache is not None:
             row.update(cache_hits=cache.stats.hits - before[0], cache_misses=cache.stats.misses - before[1])

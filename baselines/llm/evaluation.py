@@ -44,7 +44,7 @@ def evaluate_team(name: str, backends: Sequence[Any], cfg: Any) -> dict[str, Any
     seeds = list(range(cfg.eval_seeds))
     episodes = cfg.eval_problems * len(seeds)
     row = evaluate_entries([(name, lambda: make_protocol(cfg.meta_policy), lambda: meta_env(cfg, backends))],
-                           cfg.eval_problems, seeds, batch_size=min(32, episodes))[0]
+                           cfg.eval_problems, seeds, batch_size=min(32, episodes), progress=cfg.progress)[0]
     row["accuracy_low"], row["accuracy_high"] = wilson_interval(round(row["accuracy"] * episodes), episodes)
     row["episodes"] = episodes
     return row
