@@ -8,6 +8,7 @@ backtracking or a runaway sympy computation burns CPU and is caught either way.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -135,3 +136,18 @@ def test_latex_equal_in_a_worker_thread():
     thread.start()
     thread.join(timeout=30)
     assert results == {"half": True, "tower": False, "fast": True}
+
+
+def test_time_limit_holds_when_its_first_signal_is_swallowed():
+    # The garbage collector can run a weakref callback just as the timer fires; Python then prints the exception
+    # and drops it. The limit must fire again rather than let the work run on.
+    def swallows_the_first_signal():
+        with contextlib.suppress(BaseException):
+            time.sleep(1)
+        time.sleep(3)
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        call_with_time_limit(swallows_the_first_signal, 0.05)
+    assert time.monotonic() - started < 2
+    assert signal.getitimer(signal.ITIMER_REAL)[1] == 0.0  # no repeating timer left behind

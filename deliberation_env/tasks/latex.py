@@ -106,6 +106,10 @@ def plain_number(text: str) -> Fraction | None:
 
 
 # ---------------------------------------------------------------------------- time limit
+RETRY_SECONDS = 0.05
+"""How soon the time limit fires again when its first signal was swallowed."""
+
+
 class _TimeUp(BaseException):
     """Raised by the interval timer; a BaseException so library ``except Exception`` cannot swallow it."""
 
@@ -120,13 +124,16 @@ def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
     An interval timer already running (e.g. pytest-timeout's) is restored afterwards.
     """
     previous_handler = signal.signal(signal.SIGALRM, _raise_time_up)
-    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    # The timer repeats: a _TimeUp raised where Python swallows exceptions (a weakref or __del__ callback run by
+    # the garbage collector) would otherwise lose the limit; the next tick, RETRY_SECONDS later, raises again.
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds, RETRY_SECONDS)
     if 0 < previous_delay < seconds:
-        signal.setitimer(signal.ITIMER_REAL, previous_delay)
+        signal.setitimer(signal.ITIMER_REAL, previous_delay, RETRY_SECONDS)
     started = time.monotonic()
     try:
         return func()
     except _TimeUp:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # at once: the next tick is RETRY_SECONDS away
         raise TimeoutError(f"gave up after {seconds} s") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
