@@ -1,6 +1,6 @@
 """Transfer: does a meta-policy trained on a replay set score live what the replay predicts?
 
-    python bench/replay_transfer.py --dataset qwen05-arith --problems 416:516 --cache runs/transfer.sqlite \
+    python bench/replay_transfer.py --dataset qwen05-arith --problems 400:500 --cache runs/transfer.sqlite \
         --backend transformers --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dtype bfloat16 --batch-size 16 --backend-option converted_cache_dir=~/.cache/deliberation-models/converted
 
@@ -83,7 +83,7 @@ def wilson_text(correct: np.ndarray) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default="qwen05-arith")
-    parser.add_argument("--problems", type=problem_range, default=problem_range("416:516"),
+    parser.add_argument("--problems", type=problem_range, default=problem_range("400:500"),
                         help="live test problems START:END (problem_index), outside the recording")
     parser.add_argument("--protocols", nargs="*", default=["self_consistency", "debate"],
                         help="fixed protocols played beside the policy, replayed and live")
@@ -99,6 +99,11 @@ def main(argv=None) -> None:
     if recorded & set(args.problems):
         parser.error(f"--problems {args.problems.start}:{args.problems.stop} overlaps the recorded test problems "
                      f"(0..{max(recorded)}): choose problems outside the recording")
+    available = len(DeliberationEnv(backend="sim", split="test", **{k: v for k, v in env_settings(dataset.card).items()
+                                                                     if k != "backend"}).problems)
+    if args.problems.stop > available:
+        parser.error(f"--problems {args.problems.start}:{args.problems.stop}: the task's test split has {available} "
+                     f"problems (0..{available - 1})")
     backend = backend_settings(args).build()
     started = time.perf_counter()
     policy = trained_policy(dataset, args)

@@ -2,17 +2,19 @@
 # Records the shipped replay set qwen05-arith in chunks, alternating test and train ranges, and commits each
 # finished chunk. Resumable: rerun it and it goes on where it stopped (finished chunks are skipped).
 # Needs the Qwen2.5-Coder-0.5B-Instruct GGUF (MODEL, default ~/.cache/deliberation-models/...).
-# Usage: bash bench/record/qwen05_arith.sh [STEP] [TEST_END] [TRAIN_END]   (defaults 32 416 608)
+# Usage: bash bench/record/qwen05_arith.sh [STEP] [TEST_END] [TRAIN_END]   (defaults 32 400 608)
+# The arithmetic test split has 500 problems: test 400-499 stay outside the recording for
+# bench/replay_transfer.py (the replay-trained policy played live).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${MODEL:-$HOME/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 OUT=deliberation_env/replay/sets/qwen05-arith
-STEP=${1:-32}; TEST_END=${2:-416}; TRAIN_END=${3:-608}
+STEP=${1:-32}; TEST_END=${2:-400}; TRAIN_END=${3:-608}
 record() {  # split start end
     python -m deliberation_env.record --out "$OUT" --name qwen05-arith --task arithmetic --task-option 'levels=[0,1]' \
         --split "$1" --problems "$2:$3" --agents 3 --rounds 1 --streams 1 --max-tokens 256 --confidence critic_text \
         --chunk "$STEP" --wave 16 --backend transformers --model "$MODEL" --dtype bfloat16 --batch-size 16 \
-        --backend-option converted_cache_dir="$HOME/.cache/deliberation-models/converted"
+        --backend-option converted_cache_dir="$HOME/.cache/deliberation-models/converted" ${THREADS:+--backend-option num_threads="$THREADS"}
     if [ -n "$(git status --porcelain -- "$OUT")" ]; then
         for _ in 1 2 3 4 5; do  # another git process may hold the index for a moment
             git add -- "$OUT" && git commit -q -m "qwen05-arith: recorded $1 problems $2-$(($3 - 1)) (bench/record/qwen05_arith.sh)" -- "$OUT" && break
@@ -22,6 +24,10 @@ record() {  # split start end
 }
 test_at=0; train_at=0
 while [ "$test_at" -lt "$TEST_END" ] || [ "$train_at" -lt "$TRAIN_END" ]; do
-    if [ "$test_at" -lt "$TEST_END" ]; then record test "$test_at" $((test_at + STEP)); test_at=$((test_at + STEP)); fi
-    if [ "$train_at" -lt "$TRAIN_END" ]; then record train "$train_at" $((train_at + STEP)); train_at=$((train_at + STEP)); fi
+    if [ "$test_at" -lt "$TEST_END" ]; then
+        end=$((test_at + STEP < TEST_END ? test_at + STEP : TEST_END)); record test "$test_at" "$end"; test_at=$end
+    fi
+    if [ "$train_at" -lt "$TRAIN_END" ]; then
+        end=$((train_at + STEP < TRAIN_END ? train_at + STEP : TRAIN_END)); record train "$train_at" "$end"; train_at=$end
+    fi
 done
