@@ -17,7 +17,8 @@ The rollouts are MAGRPO's aligned turn trees (``--joint align``): G siblings bra
 turn, and returns are returns-to-go.
 
 A chunk is one (cell, seed): train (saving its state after every update: a killed chunk resumes from its last
-update), evaluate on the held-out problems, write ``<out>/<cell>-seed<k>/result.json``. A rerun skips finished chunks,
+update), evaluate on the held-out problems (through a SQLite cache per agent: a killed evaluation resumes too),
+write ``<out>/<cell>-seed<k>/result.json``. A rerun skips finished chunks,
 so the study runs in the background across sessions:
 
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
@@ -113,6 +114,15 @@ def write_result(path: str, row: dict, extra: dict) -> None:
     os.replace(path + ".partial", path)
 
 
+def cached(backends: list, folder: str) -> list:
+    """Each agent's backend behind a SQLite cache in ``folder`` (one file per agent: adapters differ, identities may
+    not), so that an evaluation stopped half-way goes on where it stopped when the study is rerun."""
+    from deliberation_env.backends.cache import CachedBackend
+
+    os.makedirs(folder, exist_ok=True)
+    return [CachedBackend(backend, os.path.join(folder, f"eval-agent{i}.sqlite")) for i, backend in enumerate(backends)]
+
+
 def run_untrained(args: argparse.Namespace) -> None:
     """The untrained team on the held-out problems (LoRA adapters start as the identity: every cell starts here)."""
     path = result_path(args, "untrained")
@@ -124,7 +134,8 @@ def run_untrained(args: argparse.Namespace) -> None:
     team = TeamPolicy(cfg.model, cfg.agents, "lora", LoraSettings(cfg.lora_rank, cfg.lora_alpha), dtype=cfg.dtype,
                       device=cfg.device, batch_size=cfg.generate_batch, converted_cache_dir=cfg.converted_cache_dir)
     start = time.time()
-    row = evaluate_team("untrained", [_Untrained(team)] * cfg.agents, cfg)
+    untrained = _Untrained(team)
+    row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.dirname(path)), cfg)
     write_result(path, row, {"eval_seconds": time.time() - start})
 
 
@@ -141,7 +152,7 @@ def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
     backends = team_backends(os.path.join(cfg.out, "checkpoint"), dtype=cfg.dtype, device=cfg.device,
                              batch_size=cfg.generate_batch)
     start = time.time()
-    row = evaluate_team(f"{cell} seed {seed}", backends, cfg)
+    row = evaluate_team(f"{cell} seed {seed}", cached(backends, cfg.out), cfg)
     write_result(path, row, {"cell": cell, "seed": seed, "train_seconds": train_seconds,
                              "eval_seconds": time.time() - start, "config": asdict(cfg)})
     print(f"{cell} seed {seed}: held-out accuracy {row['accuracy']:.3f}", flush=True)
