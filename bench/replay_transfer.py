@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
@@ -59,7 +60,11 @@ def trained_policy(dataset: ReplaySet, args):
                                           tensorboard=False, num_agents=dataset.card.settings["num_agents"],
                                           max_rounds=dataset.card.rounds)
         run("softrankpo", cfg, lambda: replay_env(dataset, split="train"))
-    return load_policy(path)
+        with open(os.path.join(out, "trained_on.json"), "w", encoding="utf-8") as f:
+            json.dump({"train_problems": len(dataset.card.splits["train"]), "episodes": args.episodes,
+                       "seed": args.seed}, f)
+    with open(os.path.join(out, "trained_on.json"), encoding="utf-8") as f:  # the set may have grown since
+        return load_policy(path), json.load(f)
 
 
 def actor_for(name: str, policy):
@@ -106,22 +111,22 @@ def main(argv=None) -> None:
                      f"problems (0..{available - 1})")
     backend = backend_settings(args).build()
     started = time.perf_counter()
-    policy = trained_policy(dataset, args)
+    policy, trained_on = trained_policy(dataset, args)
     names = ["softrankpo", *args.protocols]
     test_problems = len(dataset.card.splits["test"])
     replayed = {name: play_rows(dataset, lambda s, n=name: actor_for(n, policy), [0], test_problems) for name in names}
     live = {name: play_live(dataset, backend, name, policy, args.problems, args.wave) for name in names}
-    report(args, dataset, names, replayed, live, backend.identity(), time.perf_counter() - started)
+    report(args, dataset, trained_on, names, replayed, live, backend.identity(), time.perf_counter() - started)
     close = getattr(backend, "close", None)
     if callable(close):
         close()
 
 
-def report(args, dataset, names, replayed, live, live_model: str, seconds: float) -> None:
+def report(args, dataset, trained_on: dict, names, replayed, live, live_model: str, seconds: float) -> None:
     best = max(args.protocols, key=lambda n: replayed[n]["correct"].mean()) if args.protocols else None
     lines = [f"# Replay to live transfer: {dataset.card.name}", "", f"`{command_line()}`", "",
-             f"SoftRankPO trained on the replay set's train split ({len(dataset.card.splits['train'])} problems, "
-             f"{args.episodes} episodes, seed {args.seed}); replayed on its {len(dataset.card.splits['test'])} "
+             f"SoftRankPO trained on the replay set's train split ({trained_on['train_problems']} problems, "
+             f"{trained_on['episodes']} episodes, seed {trained_on['seed']}); replayed on its {len(dataset.card.splits['test'])} "
              f"recorded test problems, live on test problems {args.problems.start}-{args.problems.stop - 1} "
              f"({len(args.problems)}, outside the recording). Recorded with {dataset.card.model}; live on {live_model}. Accuracy with Wilson 95% "
              f"intervals; the live difference to {best} (the best protocol on the replay) is paired over the live "
