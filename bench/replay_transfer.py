@@ -104,8 +104,7 @@ def main(argv=None) -> None:
     if recorded & set(args.problems):
         parser.error(f"--problems {args.problems.start}:{args.problems.stop} overlaps the recorded test problems "
                      f"(0..{max(recorded)}): choose problems outside the recording")
-    available = len(DeliberationEnv(backend="sim", split="test", **{k: v for k, v in env_settings(dataset.card).items()
-                                                                     if k != "backend"}).problems)
+    available = len(DeliberationEnv(backend="sim", split="test", **env_settings(dataset.card)).problems)
     if args.problems.stop > available:
         parser.error(f"--problems {args.problems.start}:{args.problems.stop}: the task's test split has {available} "
                      f"problems (0..{available - 1})")
