@@ -51,7 +51,7 @@ from _results import RESULTS, save_markdown, wilson_interval
 from baselines.llm.config import LLMTrainConfig
 from baselines.llm.evaluation import evaluate_team
 from baselines.llm.policy import team_backends
-from baselines.llm.train_llm import train
+from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
 from deliberation_env.analysis.metrics import paired_bootstrap
 
@@ -128,13 +128,9 @@ def run_untrained(args: argparse.Namespace) -> None:
     path = result_path(args, "untrained")
     if os.path.exists(path):
         return
-    from baselines.llm.policy import LoraSettings, TeamPolicy
-
     cfg = cell_config(args, CELLS[0], 0)
-    team = TeamPolicy(cfg.model, cfg.agents, "lora", LoraSettings(cfg.lora_rank, cfg.lora_alpha), dtype=cfg.dtype,
-                      device=cfg.device, batch_size=cfg.generate_batch, converted_cache_dir=cfg.converted_cache_dir)
     start = time.time()
-    untrained = _Untrained(team)
+    untrained = _Untrained(make_team(cfg))
     row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.dirname(path)), cfg)
     write_result(path, row, {"eval_seconds": time.time() - start})
 

@@ -196,6 +196,16 @@ def update_metrics(shards: Sequence[tuple[list, list, Any, dict]], epochs: int) 
 
 
 # ----------------------------------------------------------------------------- the run
+def make_team(cfg: LLMTrainConfig, device: str | None = None, devices: Sequence[str] | None = None) -> Any:
+    """The untrained ``TeamPolicy`` that ``cfg`` trains (LoRA adapters start as the identity)."""
+    from baselines.llm.policy import LoraSettings, TeamPolicy
+
+    targets = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip()) or None
+    return TeamPolicy(cfg.model, cfg.agents, cfg.weights, LoraSettings(cfg.lora_rank, cfg.lora_alpha, targets=targets),
+                      dtype=cfg.dtype, device=device or cfg.device, batch_size=cfg.generate_batch,
+                      converted_cache_dir=cfg.converted_cache_dir, reference=cfg.kl_coef > 0, devices=devices)
+
+
 def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
     """Train (module docstring); returns the ``TeamPolicy``. The main process writes ``cfg.out``; under
     ``accelerate launch`` every process plays its share of each update's problems (``baselines.llm.parallel``)."""
@@ -203,7 +213,6 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
 
     from baselines.llm.checkpoint import Progress, load_state, save_best, save_state
     from baselines.llm.parallel import DataParallel, make_accelerator
-    from baselines.llm.policy import LoraSettings, TeamPolicy
     from baselines.llm.remote import RemoteGeneration
     from baselines.logger import MetricsLogger, progress_bar
     from baselines.runtime import seed_everything
@@ -214,10 +223,7 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
     devices = cfg.devices_of_agents()
     seed_everything(cfg.seed + parallel.rank, cfg.threads)  # rank 0 draws as a single process does
     if team is None:
-        targets = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip()) or None
-        team = TeamPolicy(cfg.model, cfg.agents, cfg.weights, LoraSettings(cfg.lora_rank, cfg.lora_alpha, targets=targets),
-                          dtype=cfg.dtype, device=str(accelerator.device), batch_size=cfg.generate_batch,
-                          converted_cache_dir=cfg.converted_cache_dir, reference=cfg.kl_coef > 0, devices=devices)
+        team = make_team(cfg, str(accelerator.device), devices)
     parallel.broadcast_parameters([p for group in team.parameter_groups() for p in group])
     optimizer = make_optimizer(team, cfg)
     scheduler = make_scheduler(optimizer, cfg)
