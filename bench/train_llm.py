@@ -16,10 +16,12 @@ team-shared is MAGRPO's setting (a shared team reward, credited jointly); own-ow
 The rollouts are MAGRPO's aligned turn trees (``--joint align``): G siblings branch from one shared history at each
 turn, and returns are returns-to-go.
 
-A chunk is one (cell, seed): train (saving its state after every update: a killed chunk resumes from its last
-update), evaluate on the held-out problems (through a SQLite cache per agent: a killed evaluation resumes too),
-write ``<out>/<cell>-seed<k>/result.json``. A rerun skips finished chunks,
-so the study runs in the background across sessions:
+A chunk is one (cell, seed): train (saving its state under ``--out`` after every update: a killed chunk resumes
+from its last update), evaluate on the held-out problems (through a SQLite cache per agent: a killed evaluation
+resumes too), then write the chunk's result and learning curve to ``results/<--stem>/<cell>-seed<k>.json``, a few
+kB that are kept with the repository (``--commit`` commits each one), so that a study spread over machines that do
+not keep ``--out`` loses at most the chunk it was in. A rerun skips finished chunks, so the study runs in the
+background across sessions:
 
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
     python bench/train_llm.py --model ... --report-only      # the report from the chunks finished so far
@@ -39,11 +41,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import glob
 import itertools
 import json
 import os
+import subprocess
 import time
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 from _results import RESULTS, save_markdown, wilson_interval
@@ -60,6 +65,8 @@ CREDITS = {"shared": {"credit": "team", "pool_agents": True}, "own": {"credit": 
 CELLS = [f"{reward}-{credit}" for reward, credit in itertools.product(REWARDS, CREDITS)]
 COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
+CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
+"""the training metrics kept with each chunk's result and plotted as learning curves"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -85,6 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.path.join("runs", "bench-train-llm-2x2"))
     parser.add_argument("--stem", default="train_llm_2x2", help="results file stem under bench/results/")
     parser.add_argument("--report-only", action="store_true", help="write the report from the finished chunks")
+    parser.add_argument("--commit", action="store_true",
+                        help="git-commit the results folder after every finished chunk (a study spanning sessions)")
     return parser.parse_args(argv)
 
 
@@ -104,14 +113,31 @@ def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfi
 
 
 def result_path(args: argparse.Namespace, name: str) -> str:
-    return os.path.join(args.out, name, "result.json")
+    return os.path.join(RESULTS, args.stem, f"{name}.json")
 
 
-def write_result(path: str, row: dict, extra: dict) -> None:
+def without_home(value: Any) -> Any:
+    """``value`` with this machine's home folder written as ``~`` in every string (results are kept in the tree)."""
+    if isinstance(value, str):
+        return value.replace(os.path.expanduser("~") + os.sep, "~" + os.sep)
+    if isinstance(value, dict):
+        return {k: without_home(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_home(v) for v in value]
+    return value
+
+
+def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) -> None:
+    path = result_path(args, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".partial", "w", encoding="utf-8") as f:
-        json.dump({**extra, "row": row}, f)
+        json.dump(without_home({**extra, "row": row}), f)
     os.replace(path + ".partial", path)
+    if args.commit:
+        folder = os.path.dirname(path)
+        subprocess.run(["git", "add", "--", folder], check=True)
+        subprocess.run(["git", "commit", "-q", "-m", f"{args.stem}: {name} finished (bench/train_llm.py --commit)",
+                        "--", folder], check=True)
 
 
 def cached(backends: list, folder: str) -> list:
@@ -131,8 +157,8 @@ def run_untrained(args: argparse.Namespace) -> None:
     cfg = cell_config(args, CELLS[0], 0)
     start = time.time()
     untrained = _Untrained(make_team(cfg))
-    row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.dirname(path)), cfg)
-    write_result(path, row, {"eval_seconds": time.time() - start})
+    row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.join(args.out, "untrained")), cfg)
+    write_result(args, "untrained", row, {"eval_seconds": time.time() - start})
 
 
 def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
@@ -149,8 +175,9 @@ def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
                              batch_size=cfg.generate_batch)
     start = time.time()
     row = evaluate_team(f"{cell} seed {seed}", cached(backends, cfg.out), cfg)
-    write_result(path, row, {"cell": cell, "seed": seed, "train_seconds": train_seconds,
-                             "eval_seconds": time.time() - start, "config": asdict(cfg)})
+    write_result(args, f"{cell}-seed{seed}", row, {
+        "cell": cell, "seed": seed, "train_seconds": train_seconds, "eval_seconds": time.time() - start,
+        "config": asdict(cfg), "curve": [{k: m[k] for k in CURVE_KEYS if k in m} for m in read_metrics(cfg.out)]})
     print(f"{cell} seed {seed}: held-out accuracy {row['accuracy']:.3f}", flush=True)
 
 
@@ -160,12 +187,10 @@ def load_results(args: argparse.Namespace) -> tuple[dict | None, dict[str, list[
         with open(result_path(args, "untrained"), encoding="utf-8") as f:
             untrained = json.load(f)
     cells: dict[str, list[dict]] = {}
-    for cell in CELLS:
-        for seed in args.seeds:
-            path = result_path(args, f"{cell}-seed{seed}")
-            if os.path.exists(path):
-                with open(path, encoding="utf-8") as f:
-                    cells.setdefault(cell, []).append(json.load(f))
+    for cell in CELLS:  # every finished seed, whatever this run's --seeds
+        for path in sorted(glob.glob(result_path(args, f"{cell}-seed*"))):
+            with open(path, encoding="utf-8") as f:
+                cells.setdefault(cell, []).append(json.load(f))
     return untrained, cells
 
 
@@ -230,11 +255,10 @@ def plot_curves(args: argparse.Namespace, cells: dict[str, list[dict]], path: st
     from baselines.evaluation.evaluate import headless_pyplot
 
     plt = headless_pyplot()
-    keys = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
-    for ax, key in zip(axes, keys):
+    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4 * len(CURVE_KEYS), 3))
+    for ax, key in zip(axes, CURVE_KEYS):
         for cell, results in cells.items():
-            runs = [read_metrics(os.path.join(args.out, f"{cell}-seed{r['seed']}")) for r in results]
+            runs = [r["curve"] for r in results]
             length = min(len(rows) for rows in runs)
             values = np.mean([[row.get(key, np.nan) for row in rows[:length]] for rows in runs], axis=0)
             window = min(5, length)
