@@ -48,7 +48,6 @@ import os
 import subprocess
 import time
 from dataclasses import asdict
-from typing import Any
 
 import numpy as np
 from _results import RESULTS, save_markdown, wilson_interval
@@ -116,22 +115,12 @@ def result_path(args: argparse.Namespace, name: str) -> str:
     return os.path.join(RESULTS, args.stem, f"{name}.json")
 
 
-def without_home(value: Any) -> Any:
-    """``value`` with this machine's home folder written as ``~`` in every string (results are kept in the tree)."""
-    if isinstance(value, str):
-        return value.replace(os.path.expanduser("~") + os.sep, "~" + os.sep)
-    if isinstance(value, dict):
-        return {k: without_home(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [without_home(v) for v in value]
-    return value
-
-
 def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) -> None:
     path = result_path(args, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    text = json.dumps({**extra, "row": row})  # kept in the tree: this machine's home folder written as ~
     with open(path + ".partial", "w", encoding="utf-8") as f:
-        json.dump(without_home({**extra, "row": row}), f)
+        f.write(text.replace(os.path.expanduser("~") + os.sep, "~" + os.sep))
     os.replace(path + ".partial", path)
     if args.commit:
         folder = os.path.dirname(path)
@@ -247,11 +236,11 @@ def report(args: argparse.Namespace) -> None:
             + "\n".join(pairs) + f"\n\nLearning curves: {args.stem}.png. Chunks finished: "
             + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + ".")
     if cells:
-        plot_curves(args, cells, os.path.join(RESULTS, f"{args.stem}.png"))
+        plot_curves(cells, os.path.join(RESULTS, f"{args.stem}.png"))
     save_markdown(args.stem, "LLM fine-tuning, a 2x2 of reward x credit (bench/train_llm.py)", body)
 
 
-def plot_curves(args: argparse.Namespace, cells: dict[str, list[dict]], path: str) -> None:
+def plot_curves(cells: dict[str, list[dict]], path: str) -> None:
     from baselines.evaluation.evaluate import headless_pyplot
 
     plt = headless_pyplot()
