@@ -119,8 +119,9 @@ def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) ->
     path = result_path(args, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text = json.dumps({**extra, "row": row})  # kept in the tree: this machine's home folder written as ~
+    home, tilde = (json.dumps(folder + os.sep)[1:-1] for folder in (os.path.expanduser("~"), "~"))  # as escaped in text
     with open(path + ".partial", "w", encoding="utf-8") as f:
-        f.write(text.replace(os.path.expanduser("~") + os.sep, "~" + os.sep))
+        f.write(text.replace(home, tilde))
     os.replace(path + ".partial", path)
     if args.commit:
         folder = os.path.dirname(path)
