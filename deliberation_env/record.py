@@ -142,9 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     with user_input("env settings"):
         config = DeliberationConfig(num_agents=args.agents, max_rounds=args.rounds, confidence=args.confidence,
                                     streams=args.streams, **env_options(args))
+    out = Path(args.out)
+    card_path = out / "card.json"
+    recorded = ReplayCard.from_json(card_path.read_text(encoding="utf-8"), str(card_path)) if card_path.is_file() else None
+    if recorded is not None and {p.id for _, p in chosen} <= set(recorded.splits.get(args.split, [])):
+        # before loading the model: a resumed recording skips its finished ranges in seconds
+        print(f"{out}: every chosen problem is already recorded", file=sys.stderr)
+        return 0
     settings = backend_settings(args)
     backend = settings.build()
-    out = Path(args.out)
     fresh = ReplayCard(name=args.name or out.resolve().name, model=backend.identity(),
                        backend=f"{type(backend).__name__} ({settings.backend})",
                        task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
@@ -152,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                        streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
                        partial=args.branch_limit is not None and args.rounds > 1, branch_limit=args.branch_limit)
     card = fresh
-    if (out / "card.json").is_file():
-        card = ReplayCard.from_json((out / "card.json").read_text(encoding="utf-8"), str(out / "card.json"))
+    if recorded is not None:
+        card = recorded
         check_same(card, fresh)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m deliberation_env.record " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -199,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
         bar.write(f"chunk {name}: {len(chunk)} problems, unique requests per problem {tree}, "
                   f"{time.perf_counter() - started:.0f} s")
     bar.close()
-    if not todo:
-        print(f"{out}: every chosen problem is already recorded", file=sys.stderr)
     return 0
 
 

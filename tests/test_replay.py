@@ -201,6 +201,23 @@ def test_an_interrupted_recording_resumes_and_loses_nothing(sim_set, tmp_path, m
     assert all(texts[r["key"]] == r["text"] for r in read_records(out))
 
 
+def test_rerunning_a_finished_range_skips_it_without_loading_the_model(sim_set, monkeypatch, capsys):
+    from deliberation_env import cli
+
+    def no_model(self, check_servers=True):
+        raise AssertionError("the model was loaded for a range that is already recorded")
+
+    monkeypatch.setattr(cli.BackendSettings, "build", no_model)
+    before = sorted((sim_set / "chunks").iterdir())
+    assert record(["--out", str(sim_set), "--split", "test", "--problems", "1:3", "--streams", "2", "--rounds", "2",
+                   "--chunk", "3", *SIM_FLAGS]) == 0
+    assert "every chosen problem is already recorded" in capsys.readouterr().err
+    assert sorted((sim_set / "chunks").iterdir()) == before
+    with pytest.raises(AssertionError, match="the model was loaded"):  # a range with new problems does load it
+        record(["--out", str(sim_set), "--split", "test", "--problems", "3:5", "--streams", "2", "--rounds", "2",
+                "--chunk", "3", *SIM_FLAGS])
+
+
 def test_branch_limit_bounds_later_rounds_and_marks_the_set_partial(tmp_path):
     out = tmp_path / "partial"
     record(["--out", str(out), "--split", "test", "--problems", "0:2", "--rounds", "3", "--branch-limit", "4",
