@@ -66,6 +66,9 @@ COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
 CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
 """the training metrics kept with each chunk's result and plotted as learning curves"""
+STUDY_KEYS = ("model", "task_options", "agents", "max_rounds", "max_tokens", "temperature", "group_size", "joint",
+              "problems_per_update", "updates", "lr", "dtype", "device", "eval_problems")
+"""the settings every chunk of one study shares (each cell sets its own reward and credit, each chunk its seed)"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -184,6 +187,36 @@ def load_results(args: argparse.Namespace) -> tuple[dict | None, dict[str, list[
     return untrained, cells
 
 
+def study_settings(cells: dict[str, list[dict]]) -> dict | None:
+    """The settings the finished chunks were trained and evaluated with, or None before the first chunk.
+
+    The report describes these, not the flags of the run that writes it. Chunks that disagree cannot be one study."""
+    configs = [result["config"] for results in cells.values() for result in results]
+    if not configs:
+        return None
+    settings = {key: configs[0][key] for key in STUDY_KEYS}
+    for config in configs[1:]:
+        differing = [key for key in STUDY_KEYS if config[key] != settings[key]]
+        if differing:
+            raise SystemExit(f"train_llm.py: the finished chunks in results/ differ in {', '.join(differing)}; "
+                             "one study's chunks share their settings (give another setting its own --stem)")
+    return settings
+
+
+def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
+    """Refuse to add chunks whose flags differ from the chunks already finished under this ``--stem``."""
+    if settings is None:
+        return
+    flags = asdict(cell_config(args, CELLS[0], 0))
+    flags["model"] = flags["model"].replace(os.path.expanduser("~") + os.sep, "~" + os.sep)  # as the chunks store it
+    flags["task_options"] = json.loads(json.dumps(flags["task_options"]))  # tuples as the JSON stores them: lists
+    differing = [f"{key} ({flags[key]!r} here, {settings[key]!r} in the finished chunks)"
+                 for key in STUDY_KEYS if flags[key] != settings[key]]
+    if differing:
+        raise SystemExit(f"train_llm.py: these flags differ from the study's finished chunks: {'; '.join(differing)}; "
+                         "pass the study's flags (see results/<--stem>.md) or another --stem")
+
+
 def per_problem(results: list[dict]) -> np.ndarray:
     """Each held-out problem's correctness, averaged over the results (seeds)."""
     return np.mean([r["row"]["per_problem_accuracy"] for r in results], axis=0)
@@ -227,12 +260,15 @@ def report(args: argparse.Namespace) -> None:
         credit = (score["team-shared"] + score["own-shared"] - score["team-own"] - score["own-own"]) / 2
         pairs.append(f"| main effect of the reward (team - own) | {difference_text(reward, np.zeros_like(reward))} |")
         pairs.append(f"| main effect of the credit (shared - own) | {difference_text(credit, np.zeros_like(credit))} |")
-    cfg = cell_config(args, CELLS[0], 0)
-    body = (f"Team of {cfg.agents} x {os.path.basename(args.model)} (one LoRA adapter each, {cfg.dtype}, {cfg.device}), "
-            f"arithmetic levels {list(args.levels)} with the {args.prompt} prompt, debate with {cfg.max_rounds} round, "
-            f"{cfg.max_tokens} tokens per answer, aligned trees of G={cfg.group_size} x {cfg.problems_per_update} problems "
-            f"per update, {cfg.updates} updates, lr {cfg.lr:g}, grpo normalisation in every cell; "
-            f"{args.eval_problems} held-out test problems, the same for every row (1 evaluation seed each):\n\n"
+    settings = study_settings(cells) or {**asdict(cell_config(args, CELLS[0], 0)), "model": args.model}
+    options = settings["task_options"]
+    body = (f"Team of {settings['agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "
+            f"{settings['dtype']}, {settings['device']}), arithmetic levels {list(options['levels'])} with the "
+            f"{options['prompt']} prompt, debate with {settings['max_rounds']} round, {settings['max_tokens']} tokens per "
+            f"answer at temperature {settings['temperature']:g}, {settings['joint']}ed trees of G={settings['group_size']} "
+            f"x {settings['problems_per_update']} problems per update, {settings['updates']} updates, lr {settings['lr']:g}, "
+            f"grpo normalisation in every cell; {settings['eval_problems']} held-out test problems, the same for every "
+            "row (1 evaluation seed each):\n\n"
             + "\n".join(lines) + "\n\nPaired differences (per problem, correctness averaged over seeds):\n\n"
             + "\n".join(pairs) + f"\n\nLearning curves: {args.stem}.png. Chunks finished: "
             + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + ".")
@@ -267,6 +303,7 @@ def plot_curves(cells: dict[str, list[dict]], path: str) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if not args.report_only:
+        check_flags(args, study_settings(load_results(args)[1]))
         run_untrained(args)
         report(args)
         for seed in args.seeds:  # seed-major: after the first pass every cell has a seed

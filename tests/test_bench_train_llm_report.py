@@ -1,0 +1,62 @@
+"""``bench/train_llm.py``'s report: it describes the settings the finished chunks were run with (not the flags of the
+run that writes it), refuses chunks that differ, and refuses to add chunks under flags that differ from theirs."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    """The bench module with its results folder moved to ``tmp_path``."""
+    monkeypatch.syspath_prepend(BENCH)
+    results = importlib.import_module("_results")
+    bench = importlib.import_module("train_llm")
+    for module in (results, bench):
+        monkeypatch.setattr(module, "RESULTS", str(tmp_path))
+    return bench
+
+
+def _chunk(bench, folder, cell: str, seed: int, correct: list[int], **changes) -> None:
+    """A finished chunk's result file, as ``run_chunk`` writes it, with the study flags below."""
+    args = bench.parse_args(["--model", "~/m.gguf", "--max-tokens", "160", "--updates", "16",
+                             "--problems-per-update", "1", "--eval-problems", str(len(correct))])
+    config = json.loads(json.dumps(bench.asdict(bench.cell_config(args, cell, seed)))) | changes
+    row = {"accuracy": sum(correct) / len(correct), "episodes": len(correct), "per_problem_accuracy": correct,
+           "tokens": 100.0}
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{cell}-seed{seed}.json"), "w", encoding="utf-8") as f:
+        json.dump({"cell": cell, "seed": seed, "train_seconds": 60.0, "eval_seconds": 60.0, "config": config,
+                   "curve": [{"accuracy": 0.5}], "row": row}, f)
+
+
+def test_the_report_describes_the_chunks_settings_not_the_flags(study, tmp_path):
+    _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0, 1, 1])
+    _chunk(study, tmp_path / "train_llm_2x2", "team-own", 0, [0, 0, 1, 1])
+    study.main(["--report-only"])  # defaults: 192 tokens, 2 problems per update, 20 updates, 200 problems
+    text = (tmp_path / "train_llm_2x2.md").read_text()
+    assert "m.gguf" in text and "160 tokens per answer" in text and "G=4 x 1 problems per update, 16 updates" in text
+    assert "4 held-out test problems" in text and "192" not in text
+    assert "| team-shared - team-own | +0.250 [" in text
+
+
+def test_chunks_that_differ_are_refused_by_name(study, tmp_path):
+    _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0])
+    _chunk(study, tmp_path / "train_llm_2x2", "team-own", 0, [1, 0], max_tokens=256)
+    with pytest.raises(SystemExit, match="differ in max_tokens"):
+        study.main(["--report-only"])
+
+
+def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_path):
+    _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0])
+    with pytest.raises(SystemExit, match=r"max_tokens \(192 here, 160 in the finished chunks\)"):
+        study.main(["--model", "~/m.gguf", "--updates", "16", "--problems-per-update", "1", "--eval-problems", "2"])
