@@ -118,13 +118,17 @@ def result_path(args: argparse.Namespace, name: str) -> str:
     return os.path.join(RESULTS, args.stem, f"{name}.json")
 
 
+def stored_json(value) -> str:
+    """``value`` as the results folder keeps it: JSON, with this machine's home folder written as ~."""
+    home, tilde = (json.dumps(folder + os.sep)[1:-1] for folder in (os.path.expanduser("~"), "~"))  # as escaped in text
+    return json.dumps(value).replace(home, tilde)
+
+
 def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) -> None:
     path = result_path(args, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    text = json.dumps({**extra, "row": row})  # kept in the tree: this machine's home folder written as ~
-    home, tilde = (json.dumps(folder + os.sep)[1:-1] for folder in (os.path.expanduser("~"), "~"))  # as escaped in text
     with open(path + ".partial", "w", encoding="utf-8") as f:
-        f.write(text.replace(home, tilde))
+        f.write(stored_json({**extra, "row": row}))
     os.replace(path + ".partial", path)
     if args.commit:
         folder = os.path.dirname(path)
@@ -207,9 +211,7 @@ def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
     """Refuse to add chunks whose flags differ from the chunks already finished under this ``--stem``."""
     if settings is None:
         return
-    flags = asdict(cell_config(args, CELLS[0], 0))
-    flags["model"] = flags["model"].replace(os.path.expanduser("~") + os.sep, "~" + os.sep)  # as the chunks store it
-    flags["task_options"] = json.loads(json.dumps(flags["task_options"]))  # tuples as the JSON stores them: lists
+    flags = json.loads(stored_json(asdict(cell_config(args, CELLS[0], 0))))  # compared as the chunks store them
     differing = [f"{key} ({flags[key]!r} here, {settings[key]!r} in the finished chunks)"
                  for key in STUDY_KEYS if flags[key] != settings[key]]
     if differing:
