@@ -9,15 +9,18 @@ import sys
 
 from deliberation_env.analysis.metrics import wilson_interval  # noqa: F401 - re-exported for the bench scripts
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+BENCH = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(BENCH, "results")
 
 
 def command_line() -> str:
-    """The command that started this script, ready to paste (the home folder written as ~, so that no path of
-    the measuring machine ends up in the results)."""
+    """The command that started this script, ready to paste from the repository's root whatever folder it
+    was started in (the home folder written as ~, so that no path of the measuring machine ends up in the
+    results)."""
     home = os.path.expanduser("~") + os.sep
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.dirname(BENCH))
     return "python " + " ".join("~/".join(shlex.quote(piece) if piece else "" for piece in a.split(home))
-                                for a in sys.argv)
+                                for a in [script, *sys.argv[1:]])
 
 
 def save_markdown(stem: str, header: str, table: str) -> str:

@@ -60,3 +60,14 @@ def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_pat
     _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0])
     with pytest.raises(SystemExit, match=r"max_tokens \(192 here, 160 in the finished chunks\)"):
         study.main(["--model", "~/m.gguf", "--updates", "16", "--problems-per-update", "1", "--eval-problems", "2"])
+
+
+def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch):
+    """Started from inside ``bench/`` with a model in the home folder, the recorded command still names the script
+    from the repository's root and writes the home folder as ~."""
+    monkeypatch.syspath_prepend(BENCH)
+    results = importlib.import_module("_results")
+    monkeypatch.chdir(BENCH)
+    model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
+    monkeypatch.setattr("sys.argv", ["train_llm.py", "--model", model, "--seeds", "0", "1"])
+    assert results.command_line() == "python bench/train_llm.py --model ~/models/m.gguf --seeds 0 1"
