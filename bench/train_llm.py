@@ -58,6 +58,7 @@ from baselines.llm.policy import team_backends
 from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
 from deliberation_env.analysis.metrics import paired_bootstrap
+from deliberation_env.cli import ArgumentParser
 
 REWARDS = {"team": {"team": 1.0}, "own": {"correct": 1.0}}
 CREDITS = {"shared": {"credit": "team", "pool_agents": True}, "own": {"credit": "agent", "pool_agents": False}}
@@ -72,7 +73,7 @@ STUDY_KEYS = ("model", "task_options", "agents", "max_rounds", "max_tokens", "te
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
