@@ -22,6 +22,7 @@ from baselines.evaluation.evaluate import PolicyActor, episode_seed, headless_py
 from baselines.meta.policy import load_policy
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from deliberation_env import Action
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import make_protocol
 
 NAMES = tuple(action.name for action in Action)
@@ -41,7 +42,7 @@ def action_shares(actor, problems: int, seeds: list[int]) -> tuple[np.ndarray, f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--problems", type=int, default=200)
     parser.add_argument("--run", default=None, help="existing SoftRankPO run directory (skips training)")

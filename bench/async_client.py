@@ -31,6 +31,7 @@ from _results import RESULTS, Counting, save_markdown
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.openai import OpenAICompatibleBackend
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.testing.servers import LoopbackServer
 from deliberation_env.vector import BatchedEnvs
 
@@ -116,7 +117,7 @@ def plot(rows: list[tuple[str, int, float]], levels: list[int], latency: float, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds each server waits per request")
     parser.add_argument("--replicas", type=int, default=2, help="servers")
     parser.add_argument("--capacity", type=int, default=48, help="requests each server works on at once")

@@ -6,7 +6,6 @@ generations/s."""
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 
@@ -16,6 +15,7 @@ import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import TransformersBackend
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.vector import run_batched
 
 
@@ -48,7 +48,7 @@ def run(backend, episodes, args, across: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=32)

@@ -26,6 +26,7 @@ import deliberation_env
 from deliberation_env.backends.base import Request
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import DTYPES, TransformersBackend
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.registry import TASKS
 from deliberation_env.vector import run_batched
 
@@ -48,7 +49,7 @@ def debate_round(backend: TransformersBackend, args: argparse.Namespace) -> tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--option", choices=("share_prefill", "drop_finished"), default="share_prefill",
                         help="the backend option to switch off and on")
     parser.add_argument("--model", default=None, help="a GGUF file or model directory (default: SmolLM2-135M)")

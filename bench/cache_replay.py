@@ -17,6 +17,7 @@ import time
 
 import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.vector import run_batched
 
 
@@ -54,7 +55,7 @@ def replay_rate(backend, episodes: int, rounds: int, max_tokens: int, seconds: f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("sim", "smollm2"), default="sim", help="what fills the cache")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)

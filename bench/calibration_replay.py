@@ -19,6 +19,7 @@ import tempfile
 from _results import save_markdown
 
 from deliberation_env.analysis.compare import replay_comparison
+from deliberation_env.cli import ArgumentParser
 
 VARIANTS = {
     "fitted (spread and level offsets)": {},
@@ -28,7 +29,7 @@ VARIANTS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replay", default="qwen05-arith", help="replay set name or folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[8, 16, 32], help="episode seeds per problem")
     args = parser.parse_args()

@@ -32,6 +32,7 @@ from deliberation_env.backends.base import Request  # noqa: E402
 from deliberation_env.backends.cache import CachedBackend  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
 from deliberation_env.backends.openai import OpenAICompatibleBackend  # noqa: E402
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.vector import BatchedEnvs  # noqa: E402
 
 SOURCES = ("answer_logprobs", "critic", "critic_text")
@@ -76,7 +77,7 @@ def logprob_overhead(backend, max_tokens: int = 32, repeats: int = 2) -> tuple[f
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start-server", metavar="GGUF", required=True, help="a GGUF file (llama.cpp, logits_all on)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])

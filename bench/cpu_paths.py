@@ -25,6 +25,7 @@ from _results import Counting, save_markdown
 
 from deliberation_env.backends.base import Backend, Request
 from deliberation_env.backends.llama_server import llama_server
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 
 
@@ -106,7 +107,7 @@ def measure_transformers(args: argparse.Namespace, dtype: str, task, problems, r
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", required=True, help="the GGUF model file (both paths load it)")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)

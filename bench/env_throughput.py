@@ -23,6 +23,7 @@ import time
 from pettingzoo.classic import rps_v2
 
 import deliberation_env
+from deliberation_env.cli import ArgumentParser
 
 
 def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
@@ -53,7 +54,7 @@ def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="time budget per env")
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)

@@ -27,6 +27,7 @@ from baselines.evaluation.evaluate import (
     summarize,
 )
 from baselines.meta.softrankpo import SoftRankPOConfig, train
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 
@@ -39,7 +40,7 @@ def train_seed(args: tuple[int, str, int, bool]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--problems", type=int, default=200)
     parser.add_argument("--episodes", type=int, default=SoftRankPOConfig.episodes, help="RL episodes per seed")

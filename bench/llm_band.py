@@ -31,6 +31,7 @@ from _results import RESULTS, save_markdown, wilson_interval
 import deliberation_env
 from deliberation_env.backends.base import Backend, Request
 from deliberation_env.backends.llama_server import llama_server
+from deliberation_env.cli import ArgumentParser
 
 BAND = (0.2, 0.8)
 
@@ -132,7 +133,7 @@ def make_backend(args: argparse.Namespace, base_url: str | None) -> tuple[Backen
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("openai", "transformers"), default="openai")
     parser.add_argument("--base-url", help="an OpenAI-compatible server's URL, ending in /v1")
     parser.add_argument("--model", help="openai: the served model name; transformers: a model folder or .gguf file")

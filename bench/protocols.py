@@ -15,6 +15,7 @@ import numpy as np
 
 import deliberation_env
 from baselines.evaluation import evaluate
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 
@@ -26,7 +27,7 @@ def play(protocol_name: str, problems: int, seed: int, **env_kwargs) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--task", default="arithmetic")

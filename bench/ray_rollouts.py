@@ -26,6 +26,7 @@ from baselines.meta.config import BaseConfig, make_env_fn
 from baselines.meta.distributed import RayCollector
 from baselines.meta.policy import Policy, agent_layout
 from baselines.meta.rollout import EpisodeSpec, sampling_key
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.testing.servers import LoopbackServer
 
 
@@ -47,7 +48,7 @@ def measure(collector: RayCollector, policy: Policy, batches: list[list[EpisodeS
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds the server waits per request")
     parser.add_argument("--num-envs", type=int, default=8, help="envs per worker (one wave)")
     parser.add_argument("--waves", type=int, default=4, help="waves per batch (split between the workers)")

@@ -48,13 +48,14 @@ from baselines.evaluation.evaluate import ACTION_NAMES, PolicyActor, episode_see
 from deliberation_env.analysis.traces import TraceWriter  # noqa: E402
 from deliberation_env.backends.cache import request_key  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol  # noqa: E402
 
 ACTIONS = ACTION_NAMES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--start-server", metavar="GGUF", help="start a llama.cpp server on this GGUF for the run")
     where.add_argument("--base-url", nargs="+", help="an OpenAI-compatible server (vLLM, llama.cpp, ...), ending in /v1")

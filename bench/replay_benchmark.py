@@ -29,7 +29,6 @@ Writes <out>/table.md, table.csv, accuracy_vs_tokens.png and report.md.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -49,6 +48,7 @@ from baselines.evaluation.evaluate import (  # noqa: E402
 )
 from baselines.meta.train import config_class, run  # noqa: E402
 from deliberation_env.analysis.metrics import auroc, paired_bootstrap  # noqa: E402
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.core import features  # noqa: E402
 from deliberation_env.core.consensus import support  # noqa: E402
 from deliberation_env.protocols import make_protocol  # noqa: E402
@@ -285,7 +285,7 @@ def train_and_play(dataset: ReplaySet, algo: str, seed: int, args, problems: int
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default="qwen05-arith")
     parser.add_argument("--algos", nargs="*", default=list(ALGOS), choices=list(ALGOS),
                         help="trainers to run (none: the protocols and the analysis of the tree only)")

@@ -38,7 +38,7 @@ from baselines.evaluation.evaluate import PolicyActor, episode_seed, play_episod
 from baselines.meta.policy import load_policy  # noqa: E402
 from baselines.meta.train import config_class, run  # noqa: E402
 from deliberation_env.analysis.metrics import paired_bootstrap  # noqa: E402
-from deliberation_env.cli import add_backend_arguments, backend_settings  # noqa: E402
+from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings  # noqa: E402
 from deliberation_env.env import DeliberationEnv  # noqa: E402
 from deliberation_env.protocols import make_protocol  # noqa: E402
 from deliberation_env.replay import ReplaySet, env_settings, replay_env  # noqa: E402
@@ -86,7 +86,7 @@ def wilson_text(correct: np.ndarray) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default="qwen05-arith")
     parser.add_argument("--problems", type=problem_range, default=problem_range("400:500"),
                         help="live test problems START:END (problem_index), outside the recording")

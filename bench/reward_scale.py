@@ -19,6 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from _results import RESULTS, command_line, save_markdown
 
+from deliberation_env.cli import ArgumentParser
+
 SCALES = (0.1, 1.0, 10.0)
 VARIANTS = {
     "softrankpo": ("softrankpo", {"sft_episodes": 0}),
@@ -43,7 +45,7 @@ def run_one(job: tuple[str, float, int, int, int, str]) -> tuple[str, float, int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--problems", type=int, default=200)

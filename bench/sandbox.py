@@ -13,7 +13,6 @@ source), never by editing site-packages. Both use the same time limit and number
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import os
 import statistics
@@ -25,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.sandbox import available_isolation, describe_isolation  # noqa: E402
 from deliberation_env.tasks.humaneval import HumanEvalTask  # noqa: E402
 
@@ -68,7 +68,7 @@ def time_theirs(execution, task_dir: str, workers: int, timeout: float) -> tuple
 
 def main() -> None:
     default_data = os.environ.get("DELIBERATION_ENV_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default=default_data)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)

@@ -29,6 +29,7 @@ from baselines.meta.policy import Policy, agent_layout
 from baselines.meta.rollout import EpisodeSpec, collect, sampling_key
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from baselines.runtime import seed_everything
+from deliberation_env.cli import ArgumentParser
 
 
 class Counter:
@@ -86,7 +87,7 @@ def training_loop(episodes: int, num_envs: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--num-envs", type=int, default=32)
     args = parser.parse_args()
