@@ -237,6 +237,14 @@ def difference_text(a: np.ndarray, b: np.ndarray) -> str:
     return f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
+def main_effect_rows(score: dict[str, np.ndarray], label: str) -> list[str]:
+    """The two main effects of the 2x2 (each averaged over the other factor), as report rows."""
+    reward = (score["team-shared"] + score["team-own"] - score["own-shared"] - score["own-own"]) / 2
+    credit = (score["team-shared"] + score["own-shared"] - score["team-own"] - score["own-own"]) / 2
+    return [f"| main effect of the reward (team - own){label} | {difference_text(reward, np.zeros_like(reward))} |",
+            f"| main effect of the credit (shared - own){label} | {difference_text(credit, np.zeros_like(credit))} |"]
+
+
 def report(args: argparse.Namespace) -> None:
     untrained, cells = load_results(args)
     if not cells and untrained is None:
@@ -258,11 +266,11 @@ def report(args: argparse.Namespace) -> None:
     for a, b in itertools.combinations(cells, 2):
         pairs.append(f"| {a} - {b} | {difference_text(per_problem(cells[a]), per_problem(cells[b]))} |")
     if len(cells) == 4:
-        score = {cell: per_problem(results) for cell, results in cells.items()}
-        reward = (score["team-shared"] + score["team-own"] - score["own-shared"] - score["own-own"]) / 2
-        credit = (score["team-shared"] + score["own-shared"] - score["team-own"] - score["own-own"]) / 2
-        pairs.append(f"| main effect of the reward (team - own) | {difference_text(reward, np.zeros_like(reward))} |")
-        pairs.append(f"| main effect of the credit (shared - own) | {difference_text(credit, np.zeros_like(credit))} |")
+        pairs += main_effect_rows({cell: per_problem(results) for cell, results in cells.items()}, "")
+        seeds = sorted(set.intersection(*({r["seed"] for r in results} for results in cells.values())))
+        for seed in seeds if len(seeds) > 1 else ():  # do the training seeds agree?
+            score = {cell: per_problem([r for r in results if r["seed"] == seed]) for cell, results in cells.items()}
+            pairs += main_effect_rows(score, f", seed {seed} only")
     settings = study_settings(cells) or {**asdict(cell_config(args, CELLS[0], 0)), "model": args.model}
     options = settings["task_options"]
     body = (f"Team of {settings['agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "

@@ -71,3 +71,20 @@ def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch):
     model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
     monkeypatch.setattr("sys.argv", ["train_llm.py", "--model", model, "--seeds", "0", "1"])
     assert results.command_line() == "python bench/train_llm.py --model ~/models/m.gguf --seeds 0 1"
+
+
+def test_with_two_seeds_of_every_cell_the_main_effects_are_also_given_per_seed(study, tmp_path):
+    """Seed 0: team reward helps (+0.5); seed 1: it hurts (-0.5); pooled, it cancels. The report shows all three."""
+    folder = tmp_path / "train_llm_2x2"
+    for cell in ("team-shared", "team-own"):
+        _chunk(study, folder, cell, 0, [1, 1])
+        _chunk(study, folder, cell, 1, [0, 0])
+    for cell in ("own-shared", "own-own"):
+        _chunk(study, folder, cell, 0, [0, 1])
+        _chunk(study, folder, cell, 1, [0, 1])
+    study.main(["--report-only"])
+    text = (tmp_path / "train_llm_2x2.md").read_text()
+    assert "| main effect of the reward (team - own) | +0.000 [" in text
+    assert "| main effect of the reward (team - own), seed 0 only | +0.500 [" in text
+    assert "| main effect of the reward (team - own), seed 1 only | -0.500 [" in text
+    assert "| main effect of the credit (shared - own), seed 1 only | +0.000 [" in text
