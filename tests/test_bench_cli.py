@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -19,10 +20,21 @@ def test_every_bench_script_is_found():
     assert {"train_llm", "protocols", "replay_benchmark"} <= set(SCRIPTS)
 
 
+@pytest.fixture
+def bench_import(monkeypatch):
+    """``importlib.import_module`` with ``bench/`` on the path; afterwards the path (which some scripts extend on
+    import) and ``sys.modules`` are as before, so no later test sees bench's top-level names."""
+    monkeypatch.syspath_prepend(BENCH)  # restores the whole sys.path at teardown
+    before = set(sys.modules)
+    yield importlib.import_module
+    for name in set(sys.modules) - before:
+        if os.path.dirname(getattr(sys.modules[name], "__file__", None) or "") == BENCH:
+            del sys.modules[name]
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_a_mistyped_flag_is_one_line_on_stderr(script, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(BENCH)
-    module = importlib.import_module(script)
+def test_a_mistyped_flag_is_one_line_on_stderr(script, bench_import, monkeypatch, capsys):
+    module = bench_import(script)
     monkeypatch.setattr("sys.argv", [f"{script}.py", "--no-such-flag"])
     with pytest.raises(SystemExit) as stopped:
         module.main()
