@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -118,11 +119,25 @@ def _raise_time_up(signum: int, frame: Any) -> None:
     raise _TimeUp
 
 
+def _drop_time_up(previous_hook: Callable[[Any], object]) -> Callable[[Any], None]:
+    """An unraisable hook that drops a swallowed ``_TimeUp`` (expected: the next tick raises again) and passes
+    anything else on. Without it the report of the swallowed signal (pytest's hook formats a traceback, reading
+    source files) can outlast a tick and be cut short itself."""
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, _TimeUp):
+            previous_hook(unraisable)
+
+    return hook
+
+
 def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
     """``func()``, interrupted after ``seconds`` (main thread only; raises TimeoutError).
 
     An interval timer already running (e.g. pytest-timeout's) is restored afterwards.
     """
+    previous_unraisable_hook = sys.unraisablehook
+    sys.unraisablehook = _drop_time_up(previous_unraisable_hook)
     previous_handler = signal.signal(signal.SIGALRM, _raise_time_up)
     # The timer repeats: a _TimeUp raised where Python swallows exceptions (a weakref or __del__ callback run by
     # the garbage collector) would otherwise lose the limit; the next tick, RETRY_SECONDS later, raises again.
@@ -138,6 +153,7 @@ def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
+        sys.unraisablehook = previous_unraisable_hook
         if previous_delay > 0:
             remaining = max(1e-3, previous_delay - (time.monotonic() - started))
             signal.setitimer(signal.ITIMER_REAL, remaining, previous_interval)
