@@ -268,9 +268,10 @@ def report(args: argparse.Namespace) -> None:
     if len(cells) == 4:
         pairs += main_effect_rows({cell: per_problem(results) for cell, results in cells.items()}, "")
         seeds = sorted(set.intersection(*({r["seed"] for r in results} for results in cells.values())))
-        for seed in seeds if len(seeds) > 1 else ():  # do the training seeds agree?
-            score = {cell: per_problem([r for r in results if r["seed"] == seed]) for cell, results in cells.items()}
-            pairs += main_effect_rows(score, f", seed {seed} only")
+        if len(seeds) > 1:  # do the training seeds agree?
+            for seed in seeds:
+                score = {cell: per_problem([r for r in results if r["seed"] == seed]) for cell, results in cells.items()}
+                pairs += main_effect_rows(score, f", seed {seed} only")
     settings = study_settings(cells) or {**asdict(cell_config(args, CELLS[0], 0)), "model": args.model}
     options = settings["task_options"]
     body = (f"Team of {settings['agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "

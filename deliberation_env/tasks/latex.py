@@ -136,8 +136,6 @@ def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
 
     An interval timer already running (e.g. pytest-timeout's) is restored afterwards.
     """
-    previous_unraisable_hook = sys.unraisablehook
-    sys.unraisablehook = _drop_time_up(previous_unraisable_hook)
     previous_handler = signal.signal(signal.SIGALRM, _raise_time_up)
     # The timer repeats: a _TimeUp raised where Python swallows exceptions (a weakref or __del__ callback run by
     # the garbage collector) would otherwise lose the limit; the next tick, RETRY_SECONDS later, raises again.
@@ -145,6 +143,8 @@ def call_with_time_limit(func: Callable[[], T], seconds: float) -> T:
     if 0 < previous_delay < seconds:
         signal.setitimer(signal.ITIMER_REAL, previous_delay, RETRY_SECONDS)
     started = time.monotonic()
+    previous_unraisable_hook = sys.unraisablehook  # installed last: a failure above leaves no hook behind
+    sys.unraisablehook = _drop_time_up(previous_unraisable_hook)
     try:
         return func()
     except _TimeUp:
