@@ -164,18 +164,17 @@ def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
     if os.path.exists(path):
         return
     cfg = cell_config(args, cell, seed)
-    start = time.time()
     team = train(cfg)
-    train_seconds = time.time() - start
     del team
     gc.collect()
     backends = team_backends(os.path.join(cfg.out, "checkpoint"), dtype=cfg.dtype, device=cfg.device,
                              batch_size=cfg.generate_batch)
     start = time.time()
     row = evaluate_team(f"{cell} seed {seed}", cached(backends, cfg.out), cfg)
+    metrics = read_metrics(cfg.out)  # each update's own time, so a resumed run's training time counts every update
     write_result(args, f"{cell}-seed{seed}", row, {
-        "cell": cell, "seed": seed, "train_seconds": train_seconds, "eval_seconds": time.time() - start,
-        "config": asdict(cfg), "curve": [{k: m[k] for k in CURVE_KEYS if k in m} for m in read_metrics(cfg.out)]})
+        "cell": cell, "seed": seed, "train_seconds": sum(m["seconds"] for m in metrics), "eval_seconds": time.time() - start,
+        "config": asdict(cfg), "curve": [{k: m[k] for k in CURVE_KEYS if k in m} for m in metrics]})
     print(f"{cell} seed {seed}: held-out accuracy {row['accuracy']:.3f}", flush=True)
 
 

@@ -88,3 +88,23 @@ def test_with_two_seeds_of_every_cell_the_main_effects_are_also_given_per_seed(s
     assert "| main effect of the reward (team - own), seed 0 only | +0.500 [" in text
     assert "| main effect of the reward (team - own), seed 1 only | -0.500 [" in text
     assert "| main effect of the credit (shared - own), seed 1 only | +0.000 [" in text
+
+
+def test_a_resumed_chunks_training_time_counts_the_updates_before_the_resume(study, tmp_path, monkeypatch):
+    """The chunk's training time is the sum of its updates' own times from the metrics log, so a chunk resumed after
+    all its updates (``train`` returns at once) still reports the hours they took, not the seconds of the resume."""
+    args = study.parse_args(["--model", "~/m.gguf", "--out", str(tmp_path / "runs"), "--updates", "2"])
+    cfg = study.cell_config(args, "own-own", 1)
+    os.makedirs(cfg.out, exist_ok=True)
+    with open(os.path.join(cfg.out, "metrics.jsonl"), "w", encoding="utf-8") as f:  # as the interrupted run left it
+        for step, seconds in ((1, 200.0), (2, 250.0)):
+            f.write(json.dumps({"step": step, "accuracy": 0.5, "seconds": seconds}) + "\n")
+    monkeypatch.setattr(study, "train", lambda config: object())
+    monkeypatch.setattr(study, "team_backends", lambda *a, **k: [])
+    monkeypatch.setattr(study, "cached", lambda backends, out: backends)
+    monkeypatch.setattr(study, "evaluate_team", lambda name, backends, config: {"accuracy": 0.5, "tokens": 1.0})
+    study.run_chunk(args, "own-own", 1)
+    with open(study.result_path(args, "own-own-seed1"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert result["train_seconds"] == 450.0
+    assert [point["accuracy"] for point in result["curve"]] == [0.5, 0.5]
