@@ -6,7 +6,9 @@ that CI cannot pass by silently skipping the real-model, server or sandbox tests
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 DATA_DIR = Path(os.environ.get("DELIBERATION_ENV_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
 # Absolute, so that subprocesses started in other folders (the examples' tests) find the data too.
 os.environ["DELIBERATION_ENV_DATA"] = str(DATA_DIR)
+BENCH = str(Path(__file__).resolve().parents[1] / "bench")
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +25,18 @@ def data_dir() -> Path:
     if not (DATA_DIR / "gsm8k" / "test.jsonl").is_file():
         pytest.skip(f"benchmark data not found at {DATA_DIR}; set DELIBERATION_ENV_DATA")
     return DATA_DIR
+
+
+@pytest.fixture
+def bench_import(monkeypatch):
+    """``importlib.import_module`` with ``bench/`` on the path; afterwards the path (which some scripts extend on
+    import) and ``sys.modules`` are as before, so no later test sees bench's top-level names."""
+    monkeypatch.syspath_prepend(BENCH)  # restores the whole sys.path at teardown
+    before = set(sys.modules)
+    yield importlib.import_module
+    for name in set(sys.modules) - before:
+        if os.path.dirname(getattr(sys.modules[name], "__file__", None) or "") == BENCH:
+            del sys.modules[name]
 
 
 @pytest.fixture(scope="session")

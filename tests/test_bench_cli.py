@@ -4,9 +4,7 @@ programs (``deliberation_env.cli.ArgumentParser``), not with argparse's usage bl
 from __future__ import annotations
 
 import glob
-import importlib
 import os
-import sys
 
 import pytest
 
@@ -18,18 +16,6 @@ SCRIPTS = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(
 
 def test_every_bench_script_is_found():
     assert {"train_llm", "protocols", "replay_benchmark"} <= set(SCRIPTS)
-
-
-@pytest.fixture
-def bench_import(monkeypatch):
-    """``importlib.import_module`` with ``bench/`` on the path; afterwards the path (which some scripts extend on
-    import) and ``sys.modules`` are as before, so no later test sees bench's top-level names."""
-    monkeypatch.syspath_prepend(BENCH)  # restores the whole sys.path at teardown
-    before = set(sys.modules)
-    yield importlib.import_module
-    for name in set(sys.modules) - before:
-        if os.path.dirname(getattr(sys.modules[name], "__file__", None) or "") == BENCH:
-            del sys.modules[name]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -3,7 +3,6 @@ run that writes it), refuses chunks that differ, and refuses to add chunks under
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 
@@ -16,11 +15,10 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def study(tmp_path, monkeypatch):
+def study(tmp_path, monkeypatch, bench_import):
     """The bench module with its results folder moved to ``tmp_path``."""
-    monkeypatch.syspath_prepend(BENCH)
-    results = importlib.import_module("_results")
-    bench = importlib.import_module("train_llm")
+    results = bench_import("_results")
+    bench = bench_import("train_llm")
     for module in (results, bench):
         monkeypatch.setattr(module, "RESULTS", str(tmp_path))
     return bench
@@ -62,11 +60,10 @@ def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_pat
         study.main(["--model", "~/m.gguf", "--updates", "16", "--problems-per-update", "1", "--eval-problems", "2"])
 
 
-def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch):
+def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch, bench_import):
     """Started from inside ``bench/`` with a model in the home folder, the recorded command still names the script
     from the repository's root and writes the home folder as ~."""
-    monkeypatch.syspath_prepend(BENCH)
-    results = importlib.import_module("_results")
+    results = bench_import("_results")
     monkeypatch.chdir(BENCH)
     model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
     monkeypatch.setattr("sys.argv", ["train_llm.py", "--model", model, "--seeds", "0", "1"])
