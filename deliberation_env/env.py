@@ -125,7 +125,7 @@ class DeliberationEnv(ParallelEnv):
         self.backends = self._make_backends(backend, dict(backend_kwargs or {}), cache)
         binding = bind_replay(self.backends, self.task, self.config, split)
         if binding is not None:  # a replay set: its recorded problems and its sample streams
-            self.config = replace(self.config, streams=binding.streams)
+            self.config = replace(self.config, streams=binding.streams, request_format=binding.request_format)
             self.problems = binding.problems
         self.render_mode = render_mode
         self.invalid_action = invalid_action

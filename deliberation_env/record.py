@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None) -> Any:
                         help="confidence sources whose trees are recorded (default: all; they share most requests)")
     parser.add_argument("--branch-limit", type=positive_int, default=None, metavar="K",
                         help="past round 1, keep K sampled joint actions per state (marks the set partial)")
+    parser.add_argument("--concede-targets", choices=("rule", "all"), default="all",
+                        help="record CONCEDE to every peer holding another answer (all: serves every concede-target "
+                             "rule and chosen targets; default) or only to the --concede-target rule's peer (rule)")
     parser.add_argument("--chunk", type=positive_int, default=50, help="problems per chunk file (default 50)")
     parser.add_argument("--wave", type=positive_int, default=8, help="problems whose trees are walked together")
     add_backend_arguments(parser, backend_default="transformers")
@@ -90,12 +93,17 @@ def selected(problems: list, args: Any) -> list[tuple[int, Any]]:
     return [(i, problems[i]) for i in range(int(start), int(end))]
 
 
-def check_same(card: ReplayCard, fresh: ReplayCard) -> None:
-    for name in ("model", "task", "task_kwargs", "settings", "rounds", "streams", "prompt_fingerprint",
-                 "confidence_sources", "branch_limit", "request_format"):
+RECORDING_SETTINGS = ("task", "task_kwargs", "settings", "rounds", "streams", "prompt_fingerprint",
+                      "confidence_sources", "branch_limit", "request_format", "concede_targets")
+"""What a resumed recording must share with the set it adds to (besides the model, checked once it is loaded)."""
+
+
+def check_same(card: ReplayCard, fresh: ReplayCard, names: tuple[str, ...] = RECORDING_SETTINGS) -> None:
+    for name in names:
         if getattr(card, name) != getattr(fresh, name):
             raise UserError(f"--out holds a set recorded with {name}={getattr(card, name)!r}, not "
-                            f"{getattr(fresh, name)!r}; record into another folder or use the same settings")
+                            f"{getattr(fresh, name)!r}: record a new set into another folder, or use the set's "
+                            "settings (its card.json lists the commands that made it)")
 
 
 def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[str, Any]:
@@ -145,22 +153,25 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     card_path = out / "card.json"
     recorded = ReplayCard.from_json(card_path.read_text(encoding="utf-8"), str(card_path)) if card_path.is_file() else None
-    if recorded is not None and {p.id for _, p in chosen} <= set(recorded.splits.get(args.split, [])):
-        # before loading the model: a resumed recording skips its finished ranges in seconds
-        print(f"{out}: every chosen problem is already recorded", file=sys.stderr)
-        return 0
-    settings = backend_settings(args)
-    backend = settings.build()
-    fresh = ReplayCard(name=args.name or out.resolve().name, model=backend.identity(),
-                       backend=f"{type(backend).__name__} ({settings.backend})",
+    fresh = ReplayCard(name=args.name or out.resolve().name, model="", backend="",
                        task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
                        rounds=args.rounds, confidence=args.confidence, confidence_sources=list(args.sources),
                        streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
-                       partial=args.branch_limit is not None and args.rounds > 1, branch_limit=args.branch_limit)
+                       partial=args.branch_limit is not None and args.rounds > 1, branch_limit=args.branch_limit,
+                       concede_targets=args.concede_targets)
+    if recorded is not None:
+        check_same(recorded, fresh)  # before the early exit: a finished range under other settings is no answer
+        if {p.id for _, p in chosen} <= set(recorded.splits.get(args.split, [])):
+            # before loading the model: a resumed recording skips its finished ranges in seconds
+            print(f"{out}: every chosen problem is already recorded", file=sys.stderr)
+            return 0
+    settings = backend_settings(args)
+    backend = settings.build()
+    fresh.model, fresh.backend = backend.identity(), f"{type(backend).__name__} ({settings.backend})"
     card = fresh
     if recorded is not None:
         card = recorded
-        check_same(card, fresh)
+        check_same(card, fresh, ("model",))
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m deliberation_env.record " + shlex.join(sys.argv[1:] if argv is None else argv)
     command = command.replace(str(Path.home()), "~")  # no home folder of the recording machine in the card
@@ -169,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     done = set(card.splits.get(args.split, []))
     records = {r["key"]: r for r in read_records(out)}
     recorder = TreeRecorder(task, config, backend, rounds=args.rounds, confidence_sources=args.sources,
-                            records=records, branch_limit=args.branch_limit)
+                            records=records, branch_limit=args.branch_limit,
+                            all_targets=args.concede_targets == "all")
     todo = [(i, p) for i, p in chosen if p.id not in done]
     chunks = [todo[k:k + args.chunk] for k in range(0, len(todo), args.chunk)]
     from tqdm.auto import tqdm

@@ -57,7 +57,7 @@ def sim_set(tmp_path_factory):
     out = tmp_path_factory.mktemp("sets") / "sim-arith"
     for split in ("test", "train"):  # the second split goes into the same set
         record(["--out", str(out), "--split", split, "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk",
-                "3", *SIM_FLAGS])
+                "3", "--concede-targets", "rule", *SIM_FLAGS])
     return out
 
 
@@ -90,7 +90,8 @@ def test_seeds_pick_streams_deterministically(sim_set):
         env.reset(seed=seed, options={"problem_index": 0})
         assert [agent.text for agent in env.deliberation.agents] == texts[seed]
     assert len({tuple(t) for t in texts.values()}) == 2  # two streams, both reached
-    assert env.deliberation.seed in {deliberation_env.core.deliberation.stream_seed(s) for s in (0, 1)}
+    problem_id = env.deliberation.problem.id
+    assert env.deliberation.seed in {deliberation_env.core.seeds.stream_seed(s, problem_id) for s in (0, 1)}
 
 
 def test_the_env_plays_only_recorded_problems(sim_set):
@@ -180,7 +181,8 @@ class FailingAfter:
 
 
 def test_an_interrupted_recording_resumes_and_loses_nothing(sim_set, tmp_path, monkeypatch):
-    flags = ["--split", "test", "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk", "3", *SIM_FLAGS]
+    flags = ["--split", "test", "--problems", "0:4", "--streams", "2", "--rounds", "2", "--chunk", "3", "--concede-targets",
+             "rule", *SIM_FLAGS]
     expected = sorted(r["key"] for r in read_records(sim_set) if r["split"] == "test")
     from deliberation_env import cli
 
@@ -210,12 +212,16 @@ def test_rerunning_a_finished_range_skips_it_without_loading_the_model(sim_set, 
     monkeypatch.setattr(cli.BackendSettings, "build", no_model)
     before = sorted((sim_set / "chunks").iterdir())
     assert record(["--out", str(sim_set), "--split", "test", "--problems", "1:3", "--streams", "2", "--rounds", "2",
-                   "--chunk", "3", *SIM_FLAGS]) == 0
+                   "--chunk", "3", "--concede-targets", "rule", *SIM_FLAGS]) == 0
     assert "every chosen problem is already recorded" in capsys.readouterr().err
     assert sorted((sim_set / "chunks").iterdir()) == before
     with pytest.raises(AssertionError, match="the model was loaded"):  # a range with new problems does load it
         record(["--out", str(sim_set), "--split", "test", "--problems", "3:5", "--streams", "2", "--rounds", "2",
-                "--chunk", "3", *SIM_FLAGS])
+                "--chunk", "3", "--concede-targets", "rule", *SIM_FLAGS])
+    with pytest.raises(SystemExit):  # a finished range asked for under other settings: refused, not skipped
+        record(["--out", str(sim_set), "--split", "test", "--problems", "1:3", "--streams", "2", "--rounds", "3",
+                "--chunk", "3", "--concede-targets", "rule", *SIM_FLAGS])
+    assert "recorded with rounds=2, not 3: record a new set" in capsys.readouterr().err
 
 
 def test_branch_limit_bounds_later_rounds_and_marks_the_set_partial(tmp_path):

@@ -35,6 +35,7 @@ from deliberation_env.core import features
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, check_weights, reward_components, total_reward
+from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS, request_seed, stream_seed
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
 
 log = logging.getLogger(__name__)
@@ -50,12 +51,6 @@ class Action(IntEnum):
 
 CONCEDE_TARGETS = ("most_confident", "plurality")
 CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
-_KIND_IDS = {"solve": 1, "refine": 2, "critic": 3}
-REQUEST_FORMAT = 1
-"""The version of how requests are derived from an episode (seeds, kinds, rounds). Bump it with any change that
-makes the same episode ask for other requests: recorded replay sets store it and refuse to load under another."""
-_STREAM_TAG = 0x5EED5
-
 _EPISODE_IDS = itertools.count(1)  # Request.episode: distinct per episode in this process
 _PARSED: dict[tuple[int, str], tuple[str | None, tuple[float, ...]]] = {}
 """(id(task), text) -> (extracted answer, text profile), shared by every deliberation in the process: texts repeat
@@ -91,6 +86,8 @@ class DeliberationConfig:
     """When set, every episode draws its generations from one of this many sample streams per problem: the
     episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream)``. Replay sets record S
     streams per problem and set this to S; None (the default) uses the episode seed itself."""
+    request_format: int = REQUEST_FORMAT
+    """How stream seeds are derived (``REQUEST_FORMAT``); only replay sets recorded under an older format set it."""
     features: str = "v1"
     """The observation's feature set (``core.features.FEATURE_SETS``): ``v1``, or ``v2``, which adds signals read
     off each agent's latest completion and asks the backend for token log-probabilities (the requests' replay keys
@@ -103,6 +100,8 @@ class DeliberationConfig:
         _check_int("critic_max_tokens", self.critic_max_tokens, 1)
         if self.streams is not None:
             _check_int("streams", self.streams, 1)
+        if self.request_format not in REQUEST_FORMATS:
+            raise ValueError(f"request_format must be one of {REQUEST_FORMATS}, got {self.request_format!r}")
         if self.confidence not in CONFIDENCE_SOURCES:
             raise ValueError(f"confidence must be one of {CONFIDENCE_SOURCES}, got {self.confidence!r}")
         features.feature_names(self.features)  # ValueError naming the feature sets
@@ -165,20 +164,6 @@ class Phase(Enum):
     READY = "ready"
 
 
-def stream_seed(stream: int) -> int:
-    """The episode seed of sample stream ``stream`` (``DeliberationConfig.streams``)."""
-    return mix_seed(_STREAM_TAG, stream)
-
-
-def mix_seed(*parts: int) -> int:
-    """Combine integers into one 63-bit seed (splitmix64 steps; stable across runs and platforms)."""
-    state = 0x9E3779B97F4A7C15
-    for part in parts:
-        state = (state ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        state = (state ^ (state >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return state >> 1
-
-
 class Deliberation:
     """N agents deliberating on one problem (see the module docstring for the protocol)."""
 
@@ -213,7 +198,7 @@ class Deliberation:
         stream (``seed % streams``) and the episode runs on that stream's seed."""
         seed = int(seed)
         if self.config.streams is not None:
-            seed = stream_seed(seed % self.config.streams)
+            seed = stream_seed(seed % self.config.streams, problem.id, self.config.request_format)
         self.problem, self._seed = problem, seed
         self._episode = next(_EPISODE_IDS)  # a routing hint for backends; no part of the episode's outcome
         self.agents = [AgentState() for _ in range(self.config.num_agents)]
@@ -225,8 +210,11 @@ class Deliberation:
         messages = self.task.solve_messages(problem)
         self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
 
-    def begin_round(self, actions: Sequence[Action]) -> None:
-        """Apply one meta-action per agent (already validated and legal), all on the round-start state."""
+    def begin_round(self, actions: Sequence[Action], targets: Sequence[int | None] | None = None) -> None:
+        """Apply one meta-action per agent (already validated and legal), all on the round-start state.
+
+        ``targets[i]``, where given and not None, is the peer whose answer agent i's CONCEDE adopts (one of
+        ``concede_options(i)``); elsewhere the config's ``concede_target`` rule picks it."""
         if self.phase is not Phase.IDLE:
             raise RuntimeError(
                 f"a round is still in progress (phase {self.phase.value}): the previous reset() or step() was "
@@ -236,7 +224,7 @@ class Deliberation:
         assert self.problem is not None
         self._correct_before = tuple(agent.correct for agent in self.agents)
         snapshot = [agent.copy() for agent in self.agents]
-        targets = [self.concede_target(i) for i in range(len(self.agents))]
+        targets = [self._chosen_target(i, targets[i] if targets is not None else None) for i in range(len(self.agents))]
         jobs = []
         self._changed = []
         self._derived = {}
@@ -351,6 +339,19 @@ class Deliberation:
             targets = self._derived["targets"] = [self._find_target(i) for i in range(len(self.agents))]
         return cast("list[int | None]", targets)[agent]  # stored just above (or by an earlier call)
 
+    def concede_options(self, agent: int) -> list[int]:
+        """The peers ``agent`` can CONCEDE to, in ``peer_indices`` order: those holding an answer other than its own."""
+        own = self.agents[agent].answer
+        return [j for j in self._peers[agent] if self.agents[j].answer not in (None, own)]
+
+    def _chosen_target(self, agent: int, chosen: int | None) -> int | None:
+        if chosen is None:
+            return self.concede_target(agent)
+        if chosen not in self.concede_options(agent):
+            raise ValueError(f"agent {agent} cannot concede to agent {chosen}: the peers it can adopt now are "
+                             f"{self.concede_options(agent)} (those holding another answer)")
+        return chosen
+
     def _find_target(self, agent: int) -> int | None:
         own = self.agents[agent].answer
         others = [j for j in range(len(self.agents)) if j != agent and self.agents[j].answer not in (None, own)]
@@ -427,7 +428,7 @@ class Deliberation:
             messages=messages,
             kind=kind,
             agent=agent,
-            seed=mix_seed(self._seed, self.request_round, agent, _KIND_IDS[kind]),
+            seed=request_seed(self._seed, self.request_round, agent, kind),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
             temperature=config.critic_temperature if critic else config.temperature,
             logprobs=critic and config.confidence == "critic",

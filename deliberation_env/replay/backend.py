@@ -26,11 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
-from deliberation_env.core.deliberation import DeliberationConfig, mix_seed, stream_seed
+from deliberation_env.core.deliberation import DeliberationConfig
+from deliberation_env.core.seeds import request_seed, stream_seed
 from deliberation_env.replay.dataset import ReplayError, ReplaySet, record_of, rich_request, write_chunk
 from deliberation_env.tasks.base import Problem, Task
-
-_KINDS = {"solve": 1, "refine": 2, "critic": 3}
 
 
 class ReplayMiss(LookupError):
@@ -46,6 +45,8 @@ class Binding:
 
     problems: list[Problem]
     streams: int
+    request_format: int
+    """How the set's stream seeds were derived (``core.seeds``); the env plays under it."""
 
 
 class ReplayBackend:
@@ -68,10 +69,11 @@ class ReplayBackend:
 
     def bind(self, task: Task, config: DeliberationConfig, split: str) -> Binding:
         """Check that the set serves the env (ReplayError if not) and say which problems and streams it has."""
-        streams = self.set.card.streams if config.streams is None else config.streams
-        problems = self.set.check(task, replace(config, streams=streams), split)
+        card = self.set.card
+        streams = card.streams if config.streams is None else config.streams
+        problems = self.set.check(task, replace(config, streams=streams, request_format=card.request_format), split)
         self.split = split
-        return Binding(problems, streams)
+        return Binding(problems, streams, card.request_format)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         completions: list[Completion | None] = [self.set.lookup(request) for request in requests]
@@ -98,7 +100,8 @@ class ReplayBackend:
         problem = request.context.problem.id if request.context is not None else "?"
         for stream in range(card.streams):
             for round_ in range(card.rounds + 2):
-                if mix_seed(stream_seed(stream), round_, request.agent, _KINDS[request.kind]) == request.seed:
+                episode = stream_seed(stream, problem, card.request_format)
+                if request_seed(episode, round_, request.agent, request.kind) == request.seed:
                     return {"split": self.split or "?", "problem": problem, "stream": stream, "round": round_}
         return {"split": self.split or "?", "problem": problem, "stream": -1, "round": -1}
 
@@ -106,10 +109,14 @@ class ReplayBackend:
         place, card = self._place(request), self.set.card
         where = (f"problem {place['problem']!r} (split {place['split']!r}), stream {place['stream']}, "
                  f"round {place['round']}, agent {request.agent}")
-        return (f"replay set {card.name!r} has no {request.kind} completion for {where}"
-                f"{f' (and {count - 1} more in this batch)' if count > 1 else ''}. Record it with "
-                f"`python -m deliberation_env.record --out {self.set.path} --split {place['split']} "
-                f"--problem-ids {place['problem']} --rounds {max(place['round'], card.rounds)} BACKEND FLAGS` "
+        missing = (f"replay set {card.name!r} has no {request.kind} completion for {where}"
+                   f"{f' (and {count - 1} more in this batch)' if count > 1 else ''}")
+        if place["round"] > card.rounds or place["round"] < 0:
+            return (f"{missing}: the set was recorded with {card.rounds} round(s) and these settings, and a set "
+                    "cannot grow rounds or change settings; record a new set with `python -m deliberation_env.record "
+                    "--out NEW_FOLDER ...`, or pass fallback=<live backend> to fill gaps")
+        return (f"{missing}. Record it with `python -m deliberation_env.record --out {self.set.path} --split "
+                f"{place['split']} --problem-ids {place['problem']} --rounds {card.rounds} BACKEND FLAGS` "
                 f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
 
 
@@ -120,6 +127,7 @@ def bind_replay(backends: Sequence[Any], task: Task, config: DeliberationConfig,
         return None
     first = bindings[0]
     for other in bindings[1:]:
-        if [p.id for p in other.problems] != [p.id for p in first.problems] or other.streams != first.streams:
+        if ([p.id for p in other.problems] != [p.id for p in first.problems] or other.streams != first.streams
+                or other.request_format != first.request_format):
             raise ReplayError("the env's replay backends hold different problems or streams; give every agent the same set")
     return first

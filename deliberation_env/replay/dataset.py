@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from deliberation_env.backends.base import Completion, Request
-from deliberation_env.core.deliberation import REQUEST_FORMAT, Deliberation, DeliberationConfig
+from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
 from deliberation_env.tasks.base import PeerView, Problem, Task
 
 FORMAT = "deliberation-replay/1"
@@ -123,6 +124,11 @@ class ReplayCard:
     prompt_fingerprint: str
     splits: dict[str, list[str]] = field(default_factory=dict)
     """Recorded problem ids per split, in recording order."""
+    concede_targets: str = "rule"
+    """``rule``: CONCEDE recorded to the target of ``settings["concede_target"]`` only; ``all``: to every peer that
+    holds another answer, so the set serves every concede-target rule (and chosen targets)."""
+    notes: list[str] = field(default_factory=list)
+    """Known limits of the recording, shown in its README."""
     partial: bool = False
     """True when rounds past the first were recorded on sampled branches only (``branch_limit``)."""
     branch_limit: int | None = None
@@ -148,12 +154,16 @@ class ReplayCard:
         missing = [name for name in ("name", "model", "task", "settings", "rounds", "streams") if name not in data]
         if missing:
             raise ReplayError(f"{where} lacks {missing}; the replay set is damaged: record it again")
-        return cls(**{key: value for key, value in data.items() if key in known})
+        card = cls(**{key: value for key, value in data.items() if key in known})
+        if card.request_format not in REQUEST_FORMATS:
+            raise ReplayError(f"{where} was recorded with request format {card.request_format!r}; this version of "
+                              f"deliberation_env reads formats {REQUEST_FORMATS}: record the set again")
+        return card
 
     def config(self, **overrides: Any) -> DeliberationConfig:
         """The recording's ``DeliberationConfig`` (its settings, rounds, default confidence and streams)."""
         values: dict[str, Any] = {**self.settings, "max_rounds": self.rounds, "confidence": self.confidence,
-                                  "streams": self.streams}
+                                  "streams": self.streams, "request_format": self.request_format}
         values.update(overrides)
         return DeliberationConfig(**values)
 
@@ -184,7 +194,7 @@ def env_settings(card: ReplayCard) -> dict[str, Any]:
     """The ``parallel_env`` keywords that reproduce a set's recording (task, prompts, agents, rounds, sampling)."""
     settings = dict(card.settings)
     return {"task": card.task, "task_kwargs": dict(card.task_kwargs), "num_agents": settings.pop("num_agents"),
-            "max_rounds": card.rounds, "confidence": card.confidence, **settings}
+            "max_rounds": card.rounds, "confidence": card.confidence, "request_format": card.request_format, **settings}
 
 
 def shipped() -> list[str]:
@@ -257,15 +267,18 @@ class ReplaySet:
         else a ReplayError naming the first difference and the fix. Runs at env construction."""
         card = self.card
         where = f"replay set {card.name!r} ({self.path})"
-        if card.request_format != REQUEST_FORMAT:
-            raise ReplayError(f"{where} was recorded with request format {card.request_format}; this version of "
-                              f"deliberation_env derives format {REQUEST_FORMAT}: record the set again")
+        if config.request_format != card.request_format:
+            raise ReplayError(f"{where} was recorded with request format {card.request_format}, the env derives "
+                              f"format {config.request_format}; pass request_format={card.request_format} "
+                              "(replay_env() does)")
         if getattr(task, "name", None) != card.task:
             raise ReplayError(f"{where} records task {card.task!r}, not {getattr(task, 'name', task)!r}")
         if prompt_fingerprint(task) != card.prompt_fingerprint:
             raise ReplayError(f"{where} was recorded with other prompts (task_kwargs {card.task_kwargs}); build the "
                               "env with deliberation_env.replay_env(), or record the set again for these prompts")
         for name, recorded in card.settings.items():
+            if name == "concede_target" and card.concede_targets == "all":
+                continue  # every peer a CONCEDE can adopt is recorded
             if getattr(config, name) != recorded:
                 raise ReplayError(f"{where} was recorded with {name}={recorded!r}, the env has "
                                   f"{name}={getattr(config, name)!r}; pass {name}={recorded!r} (replay_env() does)")

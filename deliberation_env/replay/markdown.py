@@ -6,6 +6,8 @@ import json
 
 from deliberation_env.replay.dataset import ReplayCard
 
+_TARGETS = {"rule": "the `concede_target` rule's peer only", "all": "every peer holding another answer (any rule)"}
+
 
 def card_markdown(card: ReplayCard) -> str:
     stats = card.stats
@@ -24,6 +26,7 @@ def card_markdown(card: ReplayCard) -> str:
         f"| confidence sources | {', '.join(card.confidence_sources)} (replay default: {card.confidence}) |",
         f"| streams | {card.streams} per problem (an episode seed picks stream `seed % {card.streams}`) |",
         f"| coverage | {stats.get('coverage', '')}{' (partial)' if card.partial else ''} |",
+        f"| concede targets | {_TARGETS[card.concede_targets]} |",
         f"| problems | {', '.join(f'{split}: {len(ids)}' for split, ids in card.splits.items())} |",
         f"| completions | {stats.get('completions', 0):,} ({stats.get('bytes', 0) / 1e6:.1f} MB compressed) |",
         f"| unique requests per problem, by round | {stats.get('requests_per_problem', {})} |",
@@ -38,6 +41,8 @@ def card_markdown(card: ReplayCard) -> str:
     ]
     for level, row in stats.get("solve_accuracy_by_level", {}).items():
         lines.append(f"| {level} | {row['solves']} | {row['accuracy']:.3f} |")
+    if card.notes:
+        lines += ["", "## Known limits", "", *[f"- {note}" for note in card.notes]]
     lines += ["", "Problem ids per split are in `card.json` (`splits`). Made with:", ""]
     lines += [f"    {command}" for command in card.commands]
     return "\n".join(lines) + "\n"

@@ -5,10 +5,11 @@ stream, a confidence source and a prefix of joint actions. Each wave replays eve
 start against what is recorded so far; the requests that are missing, deduplicated by ``request_key``
 across paths and problems, go to the backend in one ``generate`` call (the backend batches them). When
 no path of a depth misses anything, every path is extended by each legal joint action (CONCEDE only
-where the core offers a target), up to ``rounds`` rounds. Replaying a path from the start costs
+where the core offers a target; with ``all_targets``, one CONCEDE per peer that holds another answer, which
+covers every concede-target rule), up to ``rounds`` rounds. Replaying a path from the start costs
 dictionary lookups, not generations.
 
-With 3 agents a state has up to 27 joint actions, so round r holds up to 27^r paths. Past the first
+With 3 agents a state has up to 27 joint actions (64 with ``all_targets``), so round r holds up to 27^r paths. Past the first
 round, ``branch_limit=K`` keeps K of each state's joint actions, drawn with a seeded generator (all-PERSIST
 and all-REFINE always among them): a documented, bounded tree, marked ``partial`` in the set's card.
 
@@ -30,11 +31,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
-from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, mix_seed
+from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig
+from deliberation_env.core.seeds import mix_seed
 from deliberation_env.replay.dataset import completion_for, record_of, request_key, rich_request
 from deliberation_env.tasks.base import Problem, Task
 
-Prefix = tuple[tuple[Action, ...], ...]
+Move = tuple[Action, "int | None"]
+"""One agent's move: its meta-action and, for a CONCEDE, the peer it adopts (None: the config's rule picks)."""
+Prefix = tuple[tuple[Move, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,12 @@ class TreeRecorder:
 
     def __init__(self, task: Task, config: DeliberationConfig, backend: Backend, *, rounds: int,
                  confidence_sources: Sequence[str], records: dict[str, dict[str, Any]] | None = None,
-                 branch_limit: int | None = None):
+                 branch_limit: int | None = None, all_targets: bool = False):
         if config.streams is None:
             raise ValueError("the recording config needs streams=S (the number of sample streams per problem)")
         self.task, self.backend, self.rounds, self.branch_limit = task, backend, rounds, branch_limit
+        self.all_targets = all_targets
+        """Branch on every peer a CONCEDE can adopt (a superset of every concede-target rule's tree)."""
         self.configs = [replace(config, confidence=source, max_rounds=rounds, early_stop=False)
                         for source in confidence_sources]
         self.records = {} if records is None else records
@@ -110,10 +116,10 @@ class TreeRecorder:
         core = Deliberation(self.task, path.config)
         core.start(path.problem, path.stream)
         gaps = self._answer(core, path)
-        for actions in path.prefix:
+        for moves in path.prefix:
             if gaps:
                 break
-            core.begin_round(actions)
+            _begin(core, moves)
             gaps = self._answer(core, path)
             if not gaps:
                 core.finish_round()
@@ -140,25 +146,34 @@ class TreeRecorder:
             self.records[record["key"]] = record
         on_generated(batch)
 
-    def _joint_actions(self, path: Walk, core: Deliberation) -> list[tuple[Action, ...]]:
-        masks = core.action_masks()
-        joint = list(itertools.product(*[[Action(a) for a in range(len(Action)) if row[a]] for row in masks]))
+    def _joint_actions(self, path: Walk, core: Deliberation) -> list[tuple[Move, ...]]:
+        joint = list(itertools.product(*[self._moves(core, i) for i in range(core.config.num_agents)]))
         if self.branch_limit is None or len(path.prefix) == 0 or len(joint) <= self.branch_limit:
             return joint
-        everyone = [tuple([a] * len(masks)) for a in (Action.PERSIST, Action.REFINE)]
+        everyone = [tuple([(a, None)] * core.config.num_agents) for a in (Action.PERSIST, Action.REFINE)]
         rest = [j for j in joint if j not in everyone]
-        seed = mix_seed(path.stream, len(path.prefix), *[int(a) for actions in path.prefix for a in actions])
+        seed = mix_seed(path.stream, len(path.prefix), *[int(a) * 16 + (-1 if target is None else target) + 1
+                                                         for moves in path.prefix for a, target in moves])
         keep = max(self.branch_limit - len(everyone), 0)
         return everyone + random.Random(seed).sample(rest, min(keep, len(rest)))
+
+    def _moves(self, core: Deliberation, agent: int) -> list[Move]:
+        """PERSIST, REFINE and the CONCEDEs open to ``agent``: one per peer it can adopt, or the rule's one."""
+        concede: list[Move]
+        if self.all_targets:
+            concede = [(Action.CONCEDE, peer) for peer in core.concede_options(agent)]
+        else:
+            concede = [(Action.CONCEDE, None)] if core.concede_target(agent) is not None else []
+        return [(Action.PERSIST, None), (Action.REFINE, None), *concede]
 
     def _count(self, path: Walk, stats: TreeStats, seen: set[str]) -> None:
         """Add the unique requests of one leaf path to the per-problem, per-round counts (once per key)."""
         core = Deliberation(self.task, path.config)
         core.start(path.problem, path.stream)
         rounds = [None, *path.prefix]
-        for actions in rounds:
-            if actions is not None:
-                core.begin_round(actions)
+        for moves in rounds:
+            if moves is not None:
+                _begin(core, moves)
             while requests := core.pending_requests():
                 for request in requests:
                     key = request_key(request)
@@ -166,8 +181,12 @@ class TreeRecorder:
                         seen.add(key)
                         stats.requests[path.problem.id, core.request_round] += 1
                 core.receive([completion_for(r, self.records[request_key(r)]) for r in requests])
-            if actions is not None:
+            if moves is not None:
                 core.finish_round()
+
+
+def _begin(core: Deliberation, moves: Sequence[Move]) -> None:
+    core.begin_round([action for action, _ in moves], [target for _, target in moves])
 
 
 class PartialFile:

@@ -5,7 +5,7 @@ Needs no data and no network. Each problem starts from a quantity and applies
 an integer. Levels 1-5 set the number of steps and the size of the numbers. Level 0 is one
 operation (add, remove, multiply or share) on small numbers, for small real models; it is not
 in the default ``levels``. A split is a fixed, seeded list: ``train`` (2,000 problems) and
-``test`` (500), with levels drawn uniformly.
+``test`` (500), with levels drawn uniformly; no question appears twice, within a split or across them.
 
 ``prompt="no_code"`` asks for a solution in words and arithmetic instead of code (small coder
 models otherwise often write a program and never state the result).
@@ -138,24 +138,45 @@ def _checked_levels(levels: object) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=16)
-def _generate_split(split: str, seed: int, count: int, levels: tuple[int, ...]) -> tuple[Problem, ...]:
-    """A split's problems, generated once per process (every env of a vector of envs asks for the same split)."""
+def _generate_split(split: str, seed: int, count: int, levels: tuple[int, ...], unique: bool = True
+                    ) -> tuple[Problem, ...]:
+    """A split's problems, generated once per process (every env of a vector of envs asks for the same split).
+
+    With ``unique`` a problem whose question came earlier in the split, or anywhere in an earlier split of
+    ``SPLITS`` (train before test), is drawn again from a generator of its own, so the splits are disjoint and free
+    of repeats while every other problem stays what it always was."""
     rng = random.Random(f"arithmetic/{split}/{seed}/{levels}")
-    return tuple(generate_problem(rng, rng.choice(levels), index, split) for index in range(count))
+    seen: set[str] = set()
+    if unique:
+        for earlier in list(SPLITS)[:list(SPLITS).index(split)]:
+            seen.update(p.question for p in _generate_split(earlier, SPLITS[earlier][0], SPLITS[earlier][1], levels))
+    problems = []
+    for index in range(count):
+        problem = generate_problem(rng, rng.choice(levels), index, split)
+        redraw = random.Random(f"arithmetic/{split}/{seed}/{levels}/{index}/redraw")
+        while unique and problem.question in seen:
+            problem = generate_problem(redraw, redraw.choice(levels), index, split)
+        seen.add(problem.question)
+        problems.append(problem)
+    return tuple(problems)
 
 
 class ArithmeticTask(BaseTask):
     """Seeded multi-step integer word problems; exact grading.
 
     ``levels``: which levels (0-5) a split draws from, uniformly; ``prompt``: ``"default"`` or
-    ``"no_code"`` (solve and refine ask for words and arithmetic, not code).
+    ``"no_code"`` (solve and refine ask for words and arithmetic, not code); ``unique``: splits disjoint and free of
+    repeated questions (False only to read replay sets recorded before repeats were drawn again).
     """
 
     name = "arithmetic"
 
     def __init__(self, data_dir: object = None, levels: Sequence[int] = (1, 2, 3, 4, 5), num_problems: int | None = None,
-                 prompt: str = "default"):
+                 prompt: str = "default", unique: bool = True):
         self.levels = _checked_levels(levels)
+        if not isinstance(unique, bool):
+            raise ValueError(f"arithmetic unique must be True or False, got {unique!r}")
+        self.unique = unique
         if num_problems is not None and num_problems < 1:
             raise ValueError(f"num_problems must be >= 1, got {num_problems}")
         if prompt not in PROMPT_STYLES:
@@ -171,7 +192,8 @@ class ArithmeticTask(BaseTask):
             raise ValueError(f"arithmetic has splits {sorted(SPLITS)}, got {split!r}")
         if split not in self._splits:
             seed, count = SPLITS[split]
-            self._splits[split] = list(_generate_split(split, seed, self.num_problems or count, self.levels))
+            self._splits[split] = list(_generate_split(split, seed, self.num_problems or count, self.levels,
+                                                       self.unique))
         return self._splits[split]
 
     def extract_answer(self, text: str) -> str | None:
