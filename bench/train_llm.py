@@ -1,18 +1,30 @@
-"""Fine-tune the LLM agents themselves: a 2x2 study of reward x credit, in resumable chunks.
+"""Fine-tune the LLM agents themselves: a study of reward x credit, in resumable chunks.
 
 Every cell trains the same untrained team (one LoRA adapter per agent) on the same problems with the same
 normalisation (group mean baseline divided by the group's std), and is evaluated on the same held-out test
-problems. The two factors:
+problems. The cells (``--design``; a cell is <reward>-<credit>):
 
-| cell          | reward of an agent's turn                     | credit: what a completion's advantage compares          |
-|---------------|-----------------------------------------------|---------------------------------------------------------|
-| team-shared   | the team's consensus is right (team 1)        | the joint action's summed return, one group per node    |
-| team-own      | the team's consensus is right (team 1)        | the agent's own return, one group per (node, agent)     |
-| own-shared    | the agent's own answer is right (correct 1)   | the joint action's summed return, one group per node    |
-| own-own       | the agent's own answer is right (correct 1)   | the agent's own return, one group per (node, agent)     |
+| reward     | what an agent's turn is paid                                                              |
+|------------|-------------------------------------------------------------------------------------------|
+| team       | the team's consensus is right, on the final round only (the round term ``team``)          |
+| teamturn   | the consensus of the answers held after the turn is right, at every turn (``team_turn``)  |
+| own        | the agent's own answer is right, at every solve and refine turn (``correct``)             |
+
+| credit     | what a completion's advantage compares                                                    |
+|------------|-------------------------------------------------------------------------------------------|
+| shared     | the joint action's summed return, one group per node                                      |
+| own        | the agent's own return, one group per (node, agent)                                       |
 
 (plus format 0.1 everywhere: an answer the task's extractor can read; the core's per-round terms are off.)
-team-shared is MAGRPO's setting (a shared team reward, credited jointly); own-own is independent GRPO learners.
+
+- ``--design turns`` (default): teamturn-shared (MAGRPO as CoMLRL pays it: a joint reward at every turn),
+  team-shared (the terminal form), own-shared, own-own (independent GRPO learners). Every pair's advantages differ
+  on a tree with mixed correctness (tests/test_llm_study_cells.py). Credit is crossed with the own reward only: under
+  a team reward shared and own credit are the same algorithm wherever the answers are readable
+  (``SAME_BY_CONSTRUCTION``).
+- ``--design 2x2``: the first study, team/own reward x shared/own credit (results/train_llm_2x2), which held such a
+  pair.
+
 The rollouts are MAGRPO's aligned turn trees (``--joint align``): G siblings branch from one shared history at each
 turn, and returns are returns-to-go.
 
@@ -60,9 +72,19 @@ from baselines.logger import read_metrics
 from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser
 
-REWARDS = {"team": {"team": 1.0}, "own": {"correct": 1.0}}
+REWARDS = {"team": {"team": 1.0}, "teamturn": {"team_turn": 1.0}, "own": {"correct": 1.0}}
+"""team: the consensus is right, paid on the final round only; teamturn: the consensus of the answers held after each
+turn is right, paid at every turn (CoMLRL's joint reward); own: the agent's own answer is right, at every turn."""
 CREDITS = {"shared": {"credit": "team", "pool_agents": True}, "own": {"credit": "agent", "pool_agents": False}}
 CELLS = [f"{reward}-{credit}" for reward, credit in itertools.product(REWARDS, CREDITS)]
+DESIGNS = {"2x2": ("team-shared", "team-own", "own-shared", "own-own"),
+           "turns": ("teamturn-shared", "team-shared", "own-shared", "own-own")}
+"""2x2: the first study (reward x credit; kept to run and read it); turns: cells that differ by construction, every
+pair's advantages differ on a tree with mixed correctness (tests/test_llm_study_cells.py)."""
+SAME_BY_CONSTRUCTION = (("team-shared", "team-own"), ("teamturn-shared", "teamturn-own"))
+"""Pairs whose advantages are equal in every group whose answers are all readable: each agent receives the same team
+reward, so shared credit's return is N times own credit's plus the format terms, and the std normalisation cancels
+N; they differ only where a format term varies within a group. Hence credit is crossed with the own reward only."""
 COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
 CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
@@ -75,7 +97,9 @@ STUDY_KEYS = ("model", "task_options", "agents", "max_rounds", "max_tokens", "te
 def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    parser.add_argument("--design", choices=DESIGNS, default="turns",
+                        help="the study's cells: turns (cells that differ by construction) or 2x2 (the first study)")
+    parser.add_argument("--cells", nargs="+", choices=CELLS, help="run only these cells (default: the design's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
@@ -92,27 +116,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation-models/converted"))
-    parser.add_argument("--out", default=os.path.join("runs", "bench-train-llm-2x2"))
-    parser.add_argument("--stem", default="train_llm_2x2", help="results file stem under bench/results/")
+    parser.add_argument("--out", help="run folders (default: runs/bench-train-llm-<design>)")
+    parser.add_argument("--stem", help="results file stem under bench/results/ (default: train_llm_<design>)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the finished chunks")
     parser.add_argument("--commit", action="store_true",
                         help="git-commit the results folder after every finished chunk (a study spanning sessions)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.cells = args.cells or list(DESIGNS[args.design])
+    args.stem = args.stem or f"train_llm_{args.design}"
+    args.out = args.out or os.path.join("runs", f"bench-train-llm-{args.design}")
+    return args
+
+
+def cell_settings(cell: str) -> dict:
+    """What a cell sets of the trainer's config: its reward weights and credit, and the normalisation and trees that
+    every cell shares."""
+    reward, credit = cell.split("-")
+    return {"algo": "grpo", "joint": "align", "reward_weights": {**REWARDS[reward], **COMMON_WEIGHTS}, **CREDITS[credit]}
 
 
 def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfig:
-    reward, credit = cell.split("-")
     out = os.path.join(args.out, f"{cell}-seed{seed}")
     state = os.path.join(out, "state")
     return LLMTrainConfig(
-        algo="grpo", model=args.model, agents=args.agents, group_size=args.group_size, joint="align",
+        model=args.model, agents=args.agents, group_size=args.group_size,
         problems_per_update=args.problems_per_update, updates=args.updates, max_tokens=args.max_tokens,
         max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
         device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,
         out=out, task_options={"levels": tuple(args.levels), "prompt": args.prompt},
-        env_options={"confidence": "answer_logprobs"}, reward_weights={**REWARDS[reward], **COMMON_WEIGHTS},
-        weights="lora", evaluate=False, tensorboard=False, save_every=1, resume=state if os.path.isdir(state) else "",
-        progress=True, **CREDITS[credit])
+        env_options={"confidence": "answer_logprobs"}, weights="lora", evaluate=False, tensorboard=False, save_every=1,
+        resume=state if os.path.isdir(state) else "", progress=True, **cell_settings(cell))
 
 
 def result_path(args: argparse.Namespace, name: str) -> str:
@@ -152,7 +185,7 @@ def run_untrained(args: argparse.Namespace) -> None:
     path = result_path(args, "untrained")
     if os.path.exists(path):
         return
-    cfg = cell_config(args, CELLS[0], 0)
+    cfg = cell_config(args, args.cells[0], 0)
     start = time.time()
     untrained = _Untrained(make_team(cfg))
     row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.join(args.out, "untrained")), cfg)

@@ -40,7 +40,7 @@ def _chunk(bench, folder, cell: str, seed: int, correct: list[int], **changes) -
 def test_the_report_describes_the_chunks_settings_not_the_flags(study, tmp_path):
     _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0, 1, 1])
     _chunk(study, tmp_path / "train_llm_2x2", "team-own", 0, [0, 0, 1, 1])
-    study.main(["--report-only"])  # defaults: 192 tokens, 2 problems per update, 20 updates, 200 problems
+    study.main(["--design", "2x2", "--report-only"])  # defaults: 192 tokens, 2 problems per update, 20 updates, 200 problems
     text = (tmp_path / "train_llm_2x2.md").read_text()
     assert "m.gguf" in text and "160 tokens per answer" in text and "G=4 x 1 problems per update, 16 updates" in text
     assert "4 held-out test problems" in text and "192" not in text
@@ -51,13 +51,13 @@ def test_chunks_that_differ_are_refused_by_name(study, tmp_path):
     _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0])
     _chunk(study, tmp_path / "train_llm_2x2", "team-own", 0, [1, 0], max_tokens=256)
     with pytest.raises(SystemExit, match="differ in max_tokens"):
-        study.main(["--report-only"])
+        study.main(["--design", "2x2", "--report-only"])
 
 
 def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_path):
     _chunk(study, tmp_path / "train_llm_2x2", "team-shared", 0, [1, 0])
     with pytest.raises(SystemExit, match=r"max_tokens \(192 here, 160 in the finished chunks\)"):
-        study.main(["--model", "~/m.gguf", "--updates", "16", "--problems-per-update", "1", "--eval-problems", "2"])
+        study.main(["--design", "2x2", "--model", "~/m.gguf", "--updates", "16", "--problems-per-update", "1", "--eval-problems", "2"])
 
 
 def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch, bench_import):
@@ -79,7 +79,7 @@ def test_with_two_seeds_of_every_cell_the_main_effects_are_also_given_per_seed(s
     for cell in ("own-shared", "own-own"):
         _chunk(study, folder, cell, 0, [0, 1])
         _chunk(study, folder, cell, 1, [0, 1])
-    study.main(["--report-only"])
+    study.main(["--design", "2x2", "--report-only"])
     text = (tmp_path / "train_llm_2x2.md").read_text()
     assert "| main effect of the reward (team - own) | +0.000 [" in text
     assert "| main effect of the reward (team - own), seed 0 only | +0.500 [" in text

@@ -30,7 +30,7 @@ class LLMTrainConfig:
     env_options: dict[str, Any] = field(default_factory=dict)
     """Further text-env options (--env-option KEY=VALUE, e.g. confidence=answer_logprobs)."""
     reward_weights: dict[str, Any] = field(default_factory=dict)
-    """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/format/length/calibration; default: the env's)."""
+    """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/team_turn/format/length/calibration; default: the env's)."""
     agents: int = 2
     """Agents in the deliberation."""
     max_rounds: int = 1
