@@ -38,7 +38,7 @@ background across sessions:
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
     python bench/train_llm.py --model ... --report-only      # the report from the chunks finished so far
 
-The report (results/<--stem>.md, .png; bench/train_llm_report.py): per cell, each training run's held-out accuracy,
+The report (results/<--stem>.md, .png; bench/_train_llm_report.py): per cell, each training run's held-out accuracy,
 the spread between runs (their sd), and 95% intervals over the evaluation problems only (Wilson) and over training
 runs and problems (a hierarchical bootstrap: runs resampled within each cell, then the problems, paired across
 cells); the same two intervals against the untrained team, for every pair of cells and, for the 2x2, its main
@@ -63,7 +63,7 @@ import subprocess
 import time
 from dataclasses import asdict
 
-from train_llm_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
+from _train_llm_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 
 from baselines.llm.config import LLMTrainConfig
 from baselines.llm.evaluation import evaluate_team
