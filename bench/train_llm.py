@@ -46,10 +46,13 @@ effects (also per seed); the gap between cells that are one algorithm by constru
 what the design can and cannot show; learning curves. With fewer than 3 runs per cell it says that no interval
 covers training noise yet.
 
-On a GPU (not run here), a larger team:
+On a GPU (not run here), the redesigned study at a budget that can show training noise (4 runs per cell, 200
+updates of 8 problems, Qwen2.5-1.5B-Instruct), sampling on a local vLLM server (docs/train_llm.md: its time and
+memory, estimated):
 
-    python bench/train_llm.py --model Qwen/Qwen2.5-1.5B-Instruct --device cuda --dtype bfloat16 --agents 3 \\
-        --group-size 8 --problems-per-update 4 --updates 200 --max-tokens 256 --eval-problems 500 --threads 8
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8000 --dtype bfloat16 \\
+        --enable-lora --max-lora-rank 8 --max-loras 2 --logprobs-mode processed_logprobs --gpu-memory-utilization 0.35 &
+    python bench/train_llm.py --preset gpu --commit
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from dataclasses import asdict
 
 from _train_llm_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 
+from baselines.config import field_docs
 from baselines.llm.config import LLMTrainConfig
 from baselines.llm.evaluation import evaluate_team
 from baselines.llm.policy import team_backends
@@ -102,10 +106,21 @@ DESIGN_NOTES = {
 """what each design can and cannot show, in its report"""
 COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
+PRESETS = {
+    "gpu": {"model": "Qwen/Qwen2.5-1.5B-Instruct", "design": "turns", "seeds": [0, 1, 2, 3], "group_size": 4,
+            "problems_per_update": 8, "updates": 200, "max_tokens": 256, "levels": [1, 2, 3], "lr": 1e-4,
+            "eval_problems": 500, "device": "cuda", "dtype": "bfloat16", "threads": 8, "micro_batch": 16,
+            "generate_batch": 64, "generate_url": ["http://127.0.0.1:8000/v1"], "stem": "train_llm_gpu",
+            "out": os.path.join("runs", "bench-train-llm-gpu")},
+}
+"""Flag defaults of --preset (flags on the command line still win). gpu: the redesigned study at a budget that can
+show training noise (4 runs per cell, 200 updates of 8 problems), sampling on a local vLLM server (docs/train_llm.md:
+its command, and the time and memory expected, an estimate)."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=PRESETS, help="flag defaults for a machine: gpu (see PRESETS)")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--design", choices=DESIGNS, default="turns",
                         help="the study's cells: turns (cells that differ by construction) or 2x2 (the first study)")
@@ -126,11 +141,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation-models/converted"))
+    docs = field_docs(LLMTrainConfig)
+    parser.add_argument("--micro-batch", type=int, default=4, help=docs["micro_batch"])
+    parser.add_argument("--generate-batch", type=int, default=16, help=docs["generate_batch"])
+    parser.add_argument("--generate-url", nargs="*", default=[], metavar="URL",
+                        help=docs["generate_url"] + " Given without a URL: sample in-process.")
     parser.add_argument("--out", help="run folders (default: runs/bench-train-llm-<design>)")
     parser.add_argument("--stem", help="results file stem under bench/results/ (default: train_llm_<design>)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the finished chunks")
     parser.add_argument("--commit", action="store_true",
                         help="git-commit the results folder after every finished chunk (a study spanning sessions)")
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
     args.cells = args.cells or list(DESIGNS[args.design])
     args.stem = args.stem or f"train_llm_{args.design}"
@@ -154,6 +177,7 @@ def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfi
         max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
         device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,
         out=out, task_options={"levels": tuple(args.levels), "prompt": args.prompt},
+        micro_batch=args.micro_batch, generate_batch=args.generate_batch, generate_url=list(args.generate_url),
         env_options={"confidence": "answer_logprobs"}, weights="lora", evaluate=False, tensorboard=False, save_every=1,
         resume=state if os.path.isdir(state) else "", progress=True, **cell_settings(cell))
 

@@ -1,5 +1,6 @@
 """``bench/train_llm.py``'s report: it describes the settings the finished chunks were run with (not the flags of the
-run that writes it), refuses chunks that differ, and refuses to add chunks under flags that differ from theirs."""
+run that writes it), refuses chunks that differ, and refuses to add chunks under flags that differ from theirs; each
+run's accuracy, the spread between runs and the intervals over runs and problems. And the study's GPU preset."""
 
 from __future__ import annotations
 
@@ -145,3 +146,14 @@ def test_the_report_gives_each_run_the_spread_and_says_when_runs_are_too_few(stu
     (low, high), (run_low, run_high) = (map(float, cell.split("[")[1].rstrip("] ").split(", "))
                                         for cell in row.split("|")[2:4])
     assert run_high - run_low > high - low  # own-own's runs disagree: resampling them widens the interval
+
+
+def test_the_gpu_preset_is_the_redesigned_study_at_its_budget_and_flags_still_win(study):
+    args = study.parse_args(["--preset", "gpu", "--updates", "50"])
+    assert (args.model, args.design, args.seeds, args.updates) == ("Qwen/Qwen2.5-1.5B-Instruct", "turns", [0, 1, 2, 3], 50)
+    assert args.cells == list(study.DESIGNS["turns"]) and args.stem == "train_llm_gpu"
+    cfg = study.cell_config(args, "teamturn-shared", 3)
+    cfg.validate()  # a valid trainer config (LoRA, sampling on the vLLM server), checked without a GPU
+    assert cfg.generate_url == ["http://127.0.0.1:8000/v1"] and cfg.reward_weights["team_turn"] == 1.0
+    assert (cfg.device, cfg.dtype, cfg.weights, cfg.seed) == ("cuda", "bfloat16", "lora", 3)
+    assert study.cell_config(study.parse_args(["--preset", "gpu", "--generate-url"]), "own-own", 0).generate_url == []
