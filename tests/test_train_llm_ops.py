@@ -138,10 +138,8 @@ def _saved_state(folder, cfg: LLMTrainConfig) -> str:
     """A state folder whose trainer.json holds ``cfg``'s settings, as ``save_state`` writes them."""
     from dataclasses import asdict
 
-    from baselines.llm.checkpoint import _plain
-
     folder.mkdir()
-    (folder / "trainer.json").write_text(json.dumps({"update": 1, "settings": asdict(cfg)}, default=_plain))
+    (folder / "trainer.json").write_text(json.dumps({"update": 1, "settings": asdict(cfg)}))
     return str(folder)
 
 

@@ -60,13 +60,10 @@ RESUME_FREE = ("resume", "out", "progress", "tensorboard", "max_minutes", "threa
 constant learning rate, which then only says where to stop). Every other setting shapes the training."""
 
 
-def settings_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def settings_differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     """``name (saved value, value now)`` for every training setting of ``now`` that differs from ``saved`` (both
-    ``asdict(LLMTrainConfig)``; a setting the saved run predates counts as its default)."""
-    from baselines.llm.config import LLMTrainConfig
-
-    defaults = json.loads(json.dumps(asdict(LLMTrainConfig()), default=_plain))
-    now = json.loads(json.dumps(now, default=_plain))  # as the state stores them (tuples become lists)
+    ``asdict(LLMTrainConfig)``; a setting the saved run predates counts as its value in ``defaults``)."""
+    defaults, now = (json.loads(json.dumps(values, default=_plain)) for values in (defaults, now))  # as saved
     free = set(RESUME_FREE)
     if now.get("lr_schedule") == saved.get("lr_schedule") == "constant":
         free.add("updates")
@@ -74,13 +71,13 @@ def settings_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str
             if key not in free and saved.get(key, defaults.get(key)) != value]
 
 
-def check_resume(path: str, settings: dict[str, Any]) -> str:
+def check_resume(path: str, settings: dict[str, Any], defaults: dict[str, Any]) -> str:
     """The state folder of ``path`` (``state_folder``); ValueError naming every training setting that differs from
     the saved run's (``settings_differences``)."""
     folder = state_folder(path)
     with open(os.path.join(folder, "trainer.json"), encoding="utf-8") as f:
         saved = json.load(f).get("settings") or {}
-    differing = settings_differences(saved, settings)
+    differing = settings_differences(saved, settings, defaults)
     if differing:
         raise ValueError(f"--resume {path}: the run was saved with other settings: {'; '.join(differing)}; resume "
                          f"with the saved ones ({os.path.join(folder, 'trainer.json')}, 'settings'), or start a new "

@@ -218,7 +218,7 @@ class LLMTrainConfig:
 
             from baselines.llm.checkpoint import check_resume
 
-            check_resume(self.resume, asdict(self))
+            check_resume(self.resume, asdict(self), asdict(LLMTrainConfig()))
         resolve_model(self.model)
         if self.tis_cap < 0:
             raise ValueError(f"tis_cap must be >= 0 (0: no importance weights), got {self.tis_cap}")
