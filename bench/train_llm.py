@@ -1,18 +1,30 @@
-"""Fine-tune the LLM agents themselves: a 2x2 study of reward x credit, in resumable chunks.
+"""Fine-tune the LLM agents themselves: a study of reward x credit, in resumable chunks.
 
 Every cell trains the same untrained team (one LoRA adapter per agent) on the same problems with the same
 normalisation (group mean baseline divided by the group's std), and is evaluated on the same held-out test
-problems. The two factors:
+problems. The cells (``--design``; a cell is <reward>-<credit>):
 
-| cell          | reward of an agent's turn                     | credit: what a completion's advantage compares          |
-|---------------|-----------------------------------------------|---------------------------------------------------------|
-| team-shared   | the team's consensus is right (team 1)        | the joint action's summed return, one group per node    |
-| team-own      | the team's consensus is right (team 1)        | the agent's own return, one group per (node, agent)     |
-| own-shared    | the agent's own answer is right (correct 1)   | the joint action's summed return, one group per node    |
-| own-own       | the agent's own answer is right (correct 1)   | the agent's own return, one group per (node, agent)     |
+| reward     | what an agent's turn is paid                                                              |
+|------------|-------------------------------------------------------------------------------------------|
+| team       | the team's consensus is right, on the final round only (the round term ``team``)          |
+| teamturn   | the consensus of the answers held after the turn is right, at every turn (``team_turn``)  |
+| own        | the agent's own answer is right, at every solve and refine turn (``correct``)             |
+
+| credit     | what a completion's advantage compares                                                    |
+|------------|-------------------------------------------------------------------------------------------|
+| shared     | the joint action's summed return, one group per node                                      |
+| own        | the agent's own return, one group per (node, agent)                                       |
 
 (plus format 0.1 everywhere: an answer the task's extractor can read; the core's per-round terms are off.)
-team-shared is MAGRPO's setting (a shared team reward, credited jointly); own-own is independent GRPO learners.
+
+- ``--design turns`` (default): teamturn-shared (MAGRPO as CoMLRL pays it: a joint reward at every turn),
+  team-shared (the terminal form), own-shared, own-own (independent GRPO learners). Every pair's advantages differ
+  on a tree with mixed correctness (tests/test_llm_study_cells.py). Credit is crossed with the own reward only: under
+  a team reward shared and own credit are the same algorithm wherever the answers are readable
+  (``SAME_BY_CONSTRUCTION``).
+- ``--design 2x2``: the first study, team/own reward x shared/own credit (results/train_llm_2x2), which held such a
+  pair.
+
 The rollouts are MAGRPO's aligned turn trees (``--joint align``): G siblings branch from one shared history at each
 turn, and returns are returns-to-go.
 
@@ -26,22 +38,27 @@ background across sessions:
     python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
     python bench/train_llm.py --model ... --report-only      # the report from the chunks finished so far
 
-The report (results/<--stem>.md, .png): per cell, held-out accuracy over all its seeds' episodes (Wilson 95%) and
-each seed's; paired differences per problem (each problem's correctness averaged over seeds, bootstrap 95% over
-problems) for every pair of cells, the untrained team, and the two main effects; learning curves (training
-accuracy and evaluation during training, mean over seeds); the cost of each chunk.
+The report (results/<--stem>.md, .png; bench/_train_llm_report.py): per cell, each training run's held-out accuracy,
+the spread between runs (their sd), and 95% intervals over the evaluation problems only (Wilson) and over training
+runs and problems (a hierarchical bootstrap: runs resampled within each cell, then the problems, paired across
+cells); the same two intervals against the untrained team, for every pair of cells and, for the 2x2, its main
+effects (also per seed); the gap between cells that are one algorithm by construction (run-to-run noise, measured);
+what the design can and cannot show; learning curves. With fewer than 3 runs per cell it says that no interval
+covers training noise yet.
 
-On a GPU (not run here), a larger team:
+On a GPU (not run here), the redesigned study at a budget that can show training noise (4 runs per cell, 200
+updates of 8 problems, Qwen2.5-1.5B-Instruct), sampling on a local vLLM server (docs/train_llm.md: its time and
+memory, estimated):
 
-    python bench/train_llm.py --model Qwen/Qwen2.5-1.5B-Instruct --device cuda --dtype bfloat16 --agents 3 \\
-        --group-size 8 --problems-per-update 4 --updates 200 --max-tokens 256 --eval-problems 500 --threads 8
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8000 --dtype bfloat16 \\
+        --enable-lora --max-lora-rank 8 --max-loras 2 --logprobs-mode processed_logprobs --gpu-memory-utilization 0.35 &
+    python bench/train_llm.py --preset gpu --commit
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import glob
 import itertools
 import json
 import os
@@ -49,33 +66,65 @@ import subprocess
 import time
 from dataclasses import asdict
 
-import numpy as np
-from _results import RESULTS, save_markdown, wilson_interval
+from _train_llm_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 
+from baselines.config import field_docs
 from baselines.llm.config import LLMTrainConfig
 from baselines.llm.evaluation import evaluate_team
 from baselines.llm.policy import team_backends
 from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
-from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser
 
-REWARDS = {"team": {"team": 1.0}, "own": {"correct": 1.0}}
+REWARDS = {"team": {"team": 1.0}, "teamturn": {"team_turn": 1.0}, "own": {"correct": 1.0}}
+"""team: the consensus is right, paid on the final round only; teamturn: the consensus of the answers held after each
+turn is right, paid at every turn (CoMLRL's joint reward); own: the agent's own answer is right, at every turn."""
 CREDITS = {"shared": {"credit": "team", "pool_agents": True}, "own": {"credit": "agent", "pool_agents": False}}
 CELLS = [f"{reward}-{credit}" for reward, credit in itertools.product(REWARDS, CREDITS)]
+DESIGNS = {"2x2": ("team-shared", "team-own", "own-shared", "own-own"),
+           "turns": ("teamturn-shared", "team-shared", "own-shared", "own-own")}
+"""2x2: the first study (reward x credit; kept to run and read it); turns: cells that differ by construction, every
+pair's advantages differ on a tree with mixed correctness (tests/test_llm_study_cells.py)."""
+SAME_BY_CONSTRUCTION = (("team-shared", "team-own"), ("teamturn-shared", "teamturn-own"))
+"""Pairs whose advantages are equal in every group whose answers are all readable: each agent receives the same team
+reward, so shared credit's return is N times own credit's plus the format terms, and the std normalisation cancels
+N; they differ only where a format term varies within a group. Hence credit is crossed with the own reward only."""
+DESIGN_NOTES = {
+    "2x2": "What the first study (2 runs per cell, 16 updates of one problem each) can show: no difference between "
+           "its cells that can be told apart from run-to-run noise, except perhaps independent GRPO (own-own) over "
+           "the untrained team (both runs above it, by about the gap between team-shared and team-own). Its limits: "
+           "(1) team-shared and team-own are one algorithm but for groups with an unreadable answer; (2) the team "
+           "reward is paid at the final round only and the own reward at every turn, so reward is confounded with "
+           "sparse vs dense; (3) 2 runs per cell cannot estimate the spread between runs, and 16 updates of one "
+           "problem each is a small budget; (4) arithmetic needs no cooperation, one agent solves a problem alone. "
+           "It does not test MAGRPO's cooperation claim (docs/train_llm.md).",
+    "turns": "Every pair of these cells gives different advantages by construction (tests/test_llm_study_cells.py); "
+             "teamturn-shared and team-shared both pay the team reward, per turn and at the end. What it cannot "
+             "show: cooperation on a task that needs it (arithmetic does not), and training noise with fewer than "
+             "3 runs per cell.",
+}
+"""what each design can and cannot show, in its report"""
 COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
-CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
-"""the training metrics kept with each chunk's result and plotted as learning curves"""
-STUDY_KEYS = ("model", "task_options", "agents", "max_rounds", "max_tokens", "temperature", "group_size", "joint",
-              "problems_per_update", "updates", "lr", "dtype", "device", "eval_problems")
-"""the settings every chunk of one study shares (each cell sets its own reward and credit, each chunk its seed)"""
+PRESETS = {
+    "gpu": {"model": "Qwen/Qwen2.5-1.5B-Instruct", "design": "turns", "seeds": [0, 1, 2, 3], "group_size": 4,
+            "problems_per_update": 8, "updates": 200, "max_tokens": 256, "levels": [1, 2, 3], "lr": 1e-4,
+            "eval_problems": 500, "device": "cuda", "dtype": "bfloat16", "threads": 8, "micro_batch": 16,
+            "generate_batch": 64, "generate_url": ["http://127.0.0.1:8000/v1"], "stem": "train_llm_gpu",
+            "out": os.path.join("runs", "bench-train-llm-gpu")},
+}
+"""Flag defaults of --preset (flags on the command line still win). gpu: the redesigned study at a budget that can
+show training noise (4 runs per cell, 200 updates of 8 problems), sampling on a local vLLM server (docs/train_llm.md:
+its command, and the time and memory expected, an estimate)."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=PRESETS, help="flag defaults for a machine: gpu (see PRESETS)")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    parser.add_argument("--design", choices=DESIGNS, default="turns",
+                        help="the study's cells: turns (cells that differ by construction) or 2x2 (the first study)")
+    parser.add_argument("--cells", nargs="+", choices=CELLS, help="run only these cells (default: the design's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
@@ -92,31 +141,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation-models/converted"))
-    parser.add_argument("--out", default=os.path.join("runs", "bench-train-llm-2x2"))
-    parser.add_argument("--stem", default="train_llm_2x2", help="results file stem under bench/results/")
+    docs = field_docs(LLMTrainConfig)
+    parser.add_argument("--micro-batch", type=int, default=4, help=docs["micro_batch"])
+    parser.add_argument("--generate-batch", type=int, default=16, help=docs["generate_batch"])
+    parser.add_argument("--generate-url", nargs="*", default=[], metavar="URL",
+                        help=docs["generate_url"] + " Given without a URL: sample in-process.")
+    parser.add_argument("--out", help="run folders (default: runs/bench-train-llm-<design>)")
+    parser.add_argument("--stem", help="results file stem under bench/results/ (default: train_llm_<design>)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the finished chunks")
     parser.add_argument("--commit", action="store_true",
                         help="git-commit the results folder after every finished chunk (a study spanning sessions)")
-    return parser.parse_args(argv)
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
+    args = parser.parse_args(argv)
+    args.cells = args.cells or list(DESIGNS[args.design])
+    args.stem = args.stem or f"train_llm_{args.design}"
+    args.out = args.out or os.path.join("runs", f"bench-train-llm-{args.design}")
+    return args
+
+
+def cell_settings(cell: str) -> dict:
+    """What a cell sets of the trainer's config: its reward weights and credit, and the normalisation and trees that
+    every cell shares."""
+    reward, credit = cell.split("-")
+    return {"algo": "grpo", "joint": "align", "reward_weights": {**REWARDS[reward], **COMMON_WEIGHTS}, **CREDITS[credit]}
 
 
 def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfig:
-    reward, credit = cell.split("-")
     out = os.path.join(args.out, f"{cell}-seed{seed}")
     state = os.path.join(out, "state")
     return LLMTrainConfig(
-        algo="grpo", model=args.model, agents=args.agents, group_size=args.group_size, joint="align",
+        model=args.model, agents=args.agents, group_size=args.group_size,
         problems_per_update=args.problems_per_update, updates=args.updates, max_tokens=args.max_tokens,
         max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
         device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,
         out=out, task_options={"levels": tuple(args.levels), "prompt": args.prompt},
-        env_options={"confidence": "answer_logprobs"}, reward_weights={**REWARDS[reward], **COMMON_WEIGHTS},
-        weights="lora", evaluate=False, tensorboard=False, save_every=1, resume=state if os.path.isdir(state) else "",
-        progress=True, **CREDITS[credit])
-
-
-def result_path(args: argparse.Namespace, name: str) -> str:
-    return os.path.join(RESULTS, args.stem, f"{name}.json")
+        micro_batch=args.micro_batch, generate_batch=args.generate_batch, generate_url=list(args.generate_url),
+        env_options={"confidence": "answer_logprobs"}, weights="lora", evaluate=False, tensorboard=False, save_every=1,
+        resume=state if os.path.isdir(state) else "", progress=True, **cell_settings(cell))
 
 
 def stored_json(value) -> str:
@@ -126,7 +189,7 @@ def stored_json(value) -> str:
 
 
 def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) -> None:
-    path = result_path(args, name)
+    path = result_path(args.stem, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".partial", "w", encoding="utf-8") as f:
         f.write(stored_json({**extra, "row": row}))
@@ -149,10 +212,10 @@ def cached(backends: list, folder: str) -> list:
 
 def run_untrained(args: argparse.Namespace) -> None:
     """The untrained team on the held-out problems (LoRA adapters start as the identity: every cell starts here)."""
-    path = result_path(args, "untrained")
+    path = result_path(args.stem, "untrained")
     if os.path.exists(path):
         return
-    cfg = cell_config(args, CELLS[0], 0)
+    cfg = cell_config(args, args.cells[0], 0)
     start = time.time()
     untrained = _Untrained(make_team(cfg))
     row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.join(args.out, "untrained")), cfg)
@@ -160,7 +223,7 @@ def run_untrained(args: argparse.Namespace) -> None:
 
 
 def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
-    path = result_path(args, f"{cell}-seed{seed}")
+    path = result_path(args.stem, f"{cell}-seed{seed}")
     if os.path.exists(path):
         return
     cfg = cell_config(args, cell, seed)
@@ -178,35 +241,6 @@ def run_chunk(args: argparse.Namespace, cell: str, seed: int) -> None:
     print(f"{cell} seed {seed}: held-out accuracy {row['accuracy']:.3f}", flush=True)
 
 
-def load_results(args: argparse.Namespace) -> tuple[dict | None, dict[str, list[dict]]]:
-    untrained = None
-    if os.path.exists(result_path(args, "untrained")):
-        with open(result_path(args, "untrained"), encoding="utf-8") as f:
-            untrained = json.load(f)
-    cells: dict[str, list[dict]] = {}
-    for cell in CELLS:  # every finished seed, whatever this run's --seeds
-        for path in sorted(glob.glob(result_path(args, f"{cell}-seed*"))):
-            with open(path, encoding="utf-8") as f:
-                cells.setdefault(cell, []).append(json.load(f))
-    return untrained, cells
-
-
-def study_settings(cells: dict[str, list[dict]]) -> dict | None:
-    """The settings the finished chunks were trained and evaluated with, or None before the first chunk.
-
-    The report describes these, not the flags of the run that writes it. Chunks that disagree cannot be one study."""
-    configs = [result["config"] for results in cells.values() for result in results]
-    if not configs:
-        return None
-    settings = {key: configs[0][key] for key in STUDY_KEYS}
-    for config in configs[1:]:
-        differing = [key for key in STUDY_KEYS if config[key] != settings[key]]
-        if differing:
-            raise SystemExit(f"train_llm.py: the finished chunks in results/ differ in {', '.join(differing)}; "
-                             "one study's chunks share their settings (give another setting its own --stem)")
-    return settings
-
-
 def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
     """Refuse to add chunks whose flags differ from the chunks already finished under this ``--stem``."""
     if settings is None:
@@ -219,109 +253,23 @@ def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
                          "pass the study's flags (see results/<--stem>.md) or another --stem")
 
 
-def per_problem(results: list[dict]) -> np.ndarray:
-    """Each held-out problem's correctness, averaged over the results (seeds)."""
-    return np.mean([r["row"]["per_problem_accuracy"] for r in results], axis=0)
-
-
-def accuracy_text(results: list[dict]) -> str:
-    episodes = sum(r["row"]["episodes"] for r in results)
-    right = sum(round(r["row"]["accuracy"] * r["row"]["episodes"]) for r in results)
-    low, high = wilson_interval(right, episodes)
-    return f"{right / episodes:.3f} [{low:.3f}, {high:.3f}]"
-
-
-def difference_text(a: np.ndarray, b: np.ndarray) -> str:
-    diff, low, high = paired_bootstrap(a, b)
-    return f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
-
-
-def main_effect_rows(score: dict[str, np.ndarray], label: str) -> list[str]:
-    """The two main effects of the 2x2 (each averaged over the other factor), as report rows."""
-    reward = (score["team-shared"] + score["team-own"] - score["own-shared"] - score["own-own"]) / 2
-    credit = (score["team-shared"] + score["own-shared"] - score["team-own"] - score["own-own"]) / 2
-    return [f"| main effect of the reward (team - own){label} | {difference_text(reward, np.zeros_like(reward))} |",
-            f"| main effect of the credit (shared - own){label} | {difference_text(credit, np.zeros_like(credit))} |"]
-
-
-def report(args: argparse.Namespace) -> None:
-    untrained, cells = load_results(args)
-    if not cells and untrained is None:
-        print("no finished chunk yet")
-        return
-    lines = ["| cell | seeds | held-out accuracy [Wilson 95%] | per seed | vs untrained [paired 95%] | tokens / problem | "
-             "train min / seed | eval min / seed |", "|---|---|---|---|---|---|---|---|"]
-    if untrained is not None:
-        lines.append(f"| untrained | - | {accuracy_text([untrained])} | - | - | {untrained['row']['tokens']:.0f} | - | "
-                     f"{untrained['eval_seconds'] / 60:.0f} |")
-    for cell, results in cells.items():
-        versus = difference_text(per_problem(results), per_problem([untrained])) if untrained else "-"
-        lines.append(f"| {cell} | {len(results)} | {accuracy_text(results)} | "
-                     + ", ".join(f"{r['row']['accuracy']:.3f}" for r in sorted(results, key=lambda r: r["seed"]))
-                     + f" | {versus} | {np.mean([r['row']['tokens'] for r in results]):.0f} | "
-                     f"{np.mean([r['train_seconds'] for r in results]) / 60:.0f} | "
-                     f"{np.mean([r['eval_seconds'] for r in results]) / 60:.0f} |")
-    pairs = ["| comparison | difference [paired 95%] |", "|---|---|"]
-    for a, b in itertools.combinations(cells, 2):
-        pairs.append(f"| {a} - {b} | {difference_text(per_problem(cells[a]), per_problem(cells[b]))} |")
-    if len(cells) == 4:
-        pairs += main_effect_rows({cell: per_problem(results) for cell, results in cells.items()}, "")
-        seeds = sorted(set.intersection(*({r["seed"] for r in results} for results in cells.values())))
-        if len(seeds) > 1:  # do the training seeds agree?
-            for seed in seeds:
-                score = {cell: per_problem([r for r in results if r["seed"] == seed]) for cell, results in cells.items()}
-                pairs += main_effect_rows(score, f", seed {seed} only")
-    settings = study_settings(cells) or {**asdict(cell_config(args, CELLS[0], 0)), "model": args.model}
-    options = settings["task_options"]
-    body = (f"Team of {settings['agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "
-            f"{settings['dtype']}, {settings['device']}), arithmetic levels {list(options['levels'])} with the "
-            f"{options['prompt']} prompt, debate with {settings['max_rounds']} round, {settings['max_tokens']} tokens per "
-            f"answer at temperature {settings['temperature']:g}, {settings['joint']}ed trees of G={settings['group_size']} "
-            f"x {settings['problems_per_update']} problems per update, {settings['updates']} updates, lr {settings['lr']:g}, "
-            f"grpo normalisation in every cell; {settings['eval_problems']} held-out test problems, the same for every "
-            "row (1 evaluation seed each):\n\n"
-            + "\n".join(lines) + "\n\nPaired differences (per problem, correctness averaged over seeds):\n\n"
-            + "\n".join(pairs) + f"\n\nLearning curves: {args.stem}.png. Chunks finished: "
-            + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + ".")
-    if cells:
-        plot_curves(cells, os.path.join(RESULTS, f"{args.stem}.png"))
-    save_markdown(args.stem, "LLM fine-tuning, a 2x2 of reward x credit (bench/train_llm.py)", body)
-
-
-def plot_curves(cells: dict[str, list[dict]], path: str) -> None:
-    from baselines.evaluation.evaluate import headless_pyplot
-
-    plt = headless_pyplot()
-    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4 * len(CURVE_KEYS), 3))
-    for ax, key in zip(axes, CURVE_KEYS):
-        for cell, results in cells.items():
-            runs = [r["curve"] for r in results]
-            length = min(len(rows) for rows in runs)
-            values = np.mean([[row.get(key, np.nan) for row in rows[:length]] for rows in runs], axis=0)
-            window = min(5, length)
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid") if window else values
-            ax.plot(np.arange(window, length + 1), smooth, label=cell)
-        ax.set_title(f"{key} (training rollouts, mean of seeds, of 5 updates)", fontsize=8)
-        ax.set_xlabel("update")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def write_report(args: argparse.Namespace) -> None:
+    fallback = {**asdict(cell_config(args, args.cells[0], 0)), "model": args.model}
+    report(args.stem, [*DESIGNS[args.design], *(c for c in CELLS if c not in DESIGNS[args.design])], fallback,
+           DESIGN_NOTES[args.design], SAME_BY_CONSTRUCTION)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     if not args.report_only:
-        check_flags(args, study_settings(load_results(args)[1]))
+        check_flags(args, study_settings(load_results(args.stem, CELLS)[1]))
         run_untrained(args)
-        report(args)
+        write_report(args)
         for seed in args.seeds:  # seed-major: after the first pass every cell has a seed
             for cell in args.cells:
                 run_chunk(args, cell, seed)
-                report(args)  # after every chunk, so a stopped study keeps what it measured
-    report(args)
+                write_report(args)  # after every chunk, so a stopped study keeps what it measured
+    write_report(args)
 
 
 class _Untrained:

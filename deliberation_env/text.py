@@ -304,7 +304,8 @@ class TextDeliberationEnv(ParallelEnv):
     def _finish_step(self, turns: Mapping[int, text_rewards.TurnFacts], closed):
         core = self.deliberation
         done = core.done
-        consensus_correct = core.grade(core.consensus()) if done else False
+        team_correct = core.grade(core.consensus())  # the answers held now (graded once per answer)
+        consensus_correct = team_correct if done else False
         observations = self._observations()
         rewards, infos = {}, {}
         for i, agent in enumerate(self.possible_agents):
@@ -312,7 +313,7 @@ class TextDeliberationEnv(ParallelEnv):
                 continue
             turn = turns.get(i, text_rewards.TurnFacts(None))
             turn = text_rewards.TurnFacts(turn.kind, turn.readable, turn.correct, turn.confidence,
-                                          turn.completion_tokens, done, consensus_correct)
+                                          turn.completion_tokens, done, consensus_correct, team_correct)
             terms = text_rewards.turn_terms(turn)
             rounds = [{**round_infos[agent], "reward": round_rewards[agent]} for round_infos, round_rewards in closed]
             round_terms = {f"reward_{name}": sum((r.get(f"reward_{name}", 0.0) for r in rounds), 0.0)

@@ -13,13 +13,16 @@ spirit of the ``verifiers`` library's rubrics (default weight 0: logged, not rew
 |---------------------|------------------------------------------------------------------------------|
 | `correct`           | solve/refine: 1 if the answer the task's extractor reads in the text is right |
 | `consensus_correct` | 1 if the final consensus is right, on the step that ends the episode          |
+| `team_turn`         | 1 if the consensus of the answers the team holds after the step is right, on  |
+|                     | every step (a joint reward paid per turn, as CoMLRL's MAGRPO pays it)        |
 | `format`            | solve/refine: 1 if the task's extractor finds an answer; critic: 1 if a      |
 |                     | confidence (a number or a Yes/No verdict) can be read                        |
 | `length`            | -(completion tokens of the text); the weight is the cost per token           |
 | `calibration`       | critic: -(stated confidence - 1[own answer right])^2 (a Brier penalty)       |
 
 An agent that waited this step (no request) gets 0 from every turn term except
-``consensus_correct``. The step's reward is ``sum(weight[name] * term)`` over both kinds.
+``consensus_correct`` and ``team_turn`` (the team's terms). On the episode's last step ``team_turn`` equals
+``consensus_correct`` (and the round term ``team``, which pays that step only). The step's reward is ``sum(weight[name] * term)`` over both kinds.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class TurnFacts:
     """The episode ended this step."""
     consensus_correct: bool = False
     """The team's consensus is right (read on the final step)."""
+    team_correct: bool = False
+    """The consensus of the answers the team holds after this step is right (read on every step)."""
 
 
 def correct_reward(turn: TurnFacts) -> float:
@@ -55,6 +60,10 @@ def correct_reward(turn: TurnFacts) -> float:
 
 def consensus_correct_reward(turn: TurnFacts) -> float:
     return float(turn.final and turn.consensus_correct)
+
+
+def team_turn_reward(turn: TurnFacts) -> float:
+    return float(turn.team_correct)
 
 
 def format_reward(turn: TurnFacts) -> float:
@@ -74,6 +83,7 @@ def calibration_reward(turn: TurnFacts) -> float:
 TURN_REWARDS: dict[str, Callable[[TurnFacts], float]] = {
     "correct": correct_reward,
     "consensus_correct": consensus_correct_reward,
+    "team_turn": team_turn_reward,
     "format": format_reward,
     "length": length_reward,
     "calibration": calibration_reward,

@@ -135,7 +135,7 @@ def test_observations_are_the_cores_prompts_and_stay_in_their_spaces():
 
 def test_named_rewards_are_logged_and_weighted():
     weights = {"correct": 2.0, "format": 0.5, "length": 0.01, "calibration": 1.0, "consensus_correct": 3.0,
-               "local": 0.3, "global": 0.7, "team": 1.5, "tokens": 0.001}
+               "local": 0.3, "global": 0.7, "team": 1.5, "tokens": 0.001, "team_turn": 0.25}
     env = text_env(reward_weights=weights)
     observations, _ = env.reset(seed=0)
     gold = env.deliberation.problem.answer
@@ -146,7 +146,10 @@ def test_named_rewards_are_logged_and_weighted():
         info = infos[agent]
         assert (info["reward_correct"], info["reward_format"]) == (correct, readable)
         assert info["reward_length"] == -estimate_tokens(texts[agent]) and info["kind"] == "solve"
-        assert rewards[agent] == pytest.approx(2 * correct + 0.5 * readable - 0.01 * estimate_tokens(texts[agent]))
+        assert rewards[agent] == pytest.approx(2 * correct + 0.5 * readable - 0.01 * estimate_tokens(texts[agent])
+                                               + 0.25 * info["reward_team_turn"])
+    # the team's term: every agent, whether its own answer is right or readable
+    assert len({info["reward_team_turn"] for info in infos.values()}) == 1
     _, rewards, _, _, infos = env.step({"agent_0": "Yes\nConfidence: 0.9", "agent_1": "Confidence: 0.9",
                                         "agent_2": "hmm"})
     assert infos["agent_0"]["reward_calibration"] == pytest.approx(-0.01)
@@ -158,6 +161,7 @@ def test_named_rewards_are_logged_and_weighted():
         for agent, info in step[4].items():
             assert step[1][agent] == pytest.approx(sum(weights[n] * info[f"reward_{n}"] for n in names))
     assert step[4]["agent_0"]["reward_consensus_correct"] == float(step[4]["agent_0"]["consensus_correct"])
+    assert step[4]["agent_0"]["reward_team_turn"] == float(step[4]["agent_0"]["consensus_correct"])  # the last step
 
 
 def test_score_rates_candidates_without_advancing():

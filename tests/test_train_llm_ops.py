@@ -134,6 +134,61 @@ def test_resume_needs_a_saved_state(tmp_path):
         LLMTrainConfig(resume=str(tmp_path)).validate()
 
 
+def _saved_state(folder, cfg: LLMTrainConfig) -> str:
+    """A state folder whose trainer.json holds ``cfg``'s settings, as ``save_state`` writes them."""
+    from dataclasses import asdict
+
+    folder.mkdir()
+    (folder / "trainer.json").write_text(json.dumps({"update": 1, "settings": asdict(cfg)}))
+    return str(folder)
+
+
+def test_resume_refuses_other_training_settings_and_names_each(tmp_path):
+    saved = LLMTrainConfig(lr=1e-3, task_options={"levels": (0, 1)}, out="first", threads=1, updates=10)
+    state = _saved_state(tmp_path / "state", saved)
+    # where it runs, what it logs and, under a constant rate, how long it goes on may change
+    replace(saved, resume=state, out="second", threads=4, progress=False, eval_every=5, updates=20).validate()
+    with pytest.raises(ValueError, match=r"the run was saved with other settings: task_options \(\{'levels': \[0, 1\]\} "
+                                         r"saved, \{'levels': \[0\]\} now\); lr \(0\.001 saved, 0\.0001 now\); "
+                                         r"resume with the saved ones"):
+        replace(saved, resume=state, lr=1e-4, task_options={"levels": (0,)}).validate()
+    cosine = _saved_state(tmp_path / "cosine", replace(saved, lr_schedule="cosine"))
+    with pytest.raises(ValueError, match=r"updates \(10 saved, 20 now\)"):  # the schedule's length: another rate
+        replace(saved, lr_schedule="cosine", resume=cosine, updates=20).validate()
+
+
+def test_full_weights_below_float32_are_refused_naming_the_fixes():
+    for weights, dtype in (("shared", "bfloat16"), ("separate", "float16")):
+        with pytest.raises(ValueError, match=f"--weights {weights} --dtype {dtype} would train the {dtype} weights "
+                                             r"themselves.*use --weights lora .* or --dtype float32"):
+            LLMTrainConfig(weights=weights, dtype=dtype).validate()
+    LLMTrainConfig(weights="lora", dtype="bfloat16").validate()
+    LLMTrainConfig(weights="shared", dtype="float32").validate()
+
+
+def test_the_optimizer_refuses_low_precision_parameters_and_peft_keeps_adapters_in_float32():
+    """A team handed to ``train`` with bfloat16 trainables is refused; LoRA adapters on a bfloat16 base are float32
+    (peft casts them), which is what makes ``--weights lora --dtype bfloat16`` safe."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from baselines.llm.train_llm import make_optimizer
+
+    cfg = LLMTrainConfig(agents=1)
+    low = SimpleNamespace(parameter_groups=lambda: [[torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]])
+    with pytest.raises(ValueError, match="trainable parameters in bfloat16: AdamW keeps no float32 master copy"):
+        make_optimizer(low, cfg)
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=2, vocab_size=64)).to(torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]), adapter_name="agent_0")
+    model.add_adapter("agent_1", LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    adapters = [[p for n, p in model.named_parameters() if f".agent_{i}." in n] for i in (0, 1)]
+    assert all(p.dtype == torch.float32 for group in adapters for p in group) and all(adapters)
+    make_optimizer(SimpleNamespace(parameter_groups=lambda: adapters), replace(cfg, agents=2))
+
+
 # ----------------------------------------------------------------------------- on SmolLM2
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):

@@ -53,6 +53,38 @@ def state_folder(path: str) -> str:
                      "give the state folder of a run trained with --save-every")
 
 
+RESUME_FREE = ("resume", "out", "progress", "tensorboard", "max_minutes", "threads", "device", "agent_devices",
+               "generate_batch", "generate_url", "sync_dir", "sync_server_dir", "converted_cache_dir", "evaluate",
+               "eval_every", "eval_problems", "eval_seeds", "save_every", "save_merged")
+"""Settings a resumed run may change: where it runs, what it logs, evaluates and saves (and ``updates`` under a
+constant learning rate, which then only says where to stop). Every other setting shapes the training."""
+
+
+def settings_differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """``name (saved value, value now)`` for every training setting of ``now`` that differs from ``saved`` (both
+    ``asdict(LLMTrainConfig)``; a setting the saved run predates counts as its value in ``defaults``)."""
+    defaults, now = (json.loads(json.dumps(values, default=_plain)) for values in (defaults, now))  # as saved
+    free = set(RESUME_FREE)
+    if now.get("lr_schedule") == saved.get("lr_schedule") == "constant":
+        free.add("updates")
+    return [f"{key} ({saved.get(key, defaults.get(key))!r} saved, {value!r} now)" for key, value in now.items()
+            if key not in free and saved.get(key, defaults.get(key)) != value]
+
+
+def check_resume(path: str, settings: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """The state folder of ``path`` (``state_folder``); ValueError naming every training setting that differs from
+    the saved run's (``settings_differences``)."""
+    folder = state_folder(path)
+    with open(os.path.join(folder, "trainer.json"), encoding="utf-8") as f:
+        saved = json.load(f).get("settings") or {}
+    differing = settings_differences(saved, settings, defaults)
+    if differing:
+        raise ValueError(f"--resume {path}: the run was saved with other settings: {'; '.join(differing)}; resume "
+                         f"with the saved ones ({os.path.join(folder, 'trainer.json')}, 'settings'), or start a new "
+                         "run without --resume")
+    return folder
+
+
 def rng_states(rollout_rng: np.random.Generator) -> dict[str, Any]:
     """This process's generator states."""
     states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),

@@ -30,7 +30,7 @@ class LLMTrainConfig:
     env_options: dict[str, Any] = field(default_factory=dict)
     """Further text-env options (--env-option KEY=VALUE, e.g. confidence=answer_logprobs)."""
     reward_weights: dict[str, Any] = field(default_factory=dict)
-    """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/format/length/calibration; default: the env's)."""
+    """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/team_turn/format/length/calibration; default: the env's)."""
     agents: int = 2
     """Agents in the deliberation."""
     max_rounds: int = 1
@@ -104,7 +104,8 @@ class LLMTrainConfig:
     micro_batch: int = 4
     """Completions per forward/backward pass (gradient accumulation over the batch)."""
     dtype: str = "float32"
-    """Weights' dtype (float32, bfloat16, float16)."""
+    """Weights' dtype (float32, bfloat16, float16); below float32 only with --weights lora (the adapters train in
+    float32 on the low-precision base: AdamW keeps no float32 master copy of weights it trains in bfloat16)."""
     device: str = "auto"
     """auto (accelerate's choice: a GPU when there is one), cpu or cuda."""
     agent_devices: str = ""
@@ -206,10 +207,18 @@ class LLMTrainConfig:
         if processes > 1 and (processes > self.problems_per_update or self.agent_devices.strip()):
             raise ValueError(f"{processes} data-parallel processes need --problems-per-update >= {processes} (each "
                              "plays whole problems) and no --agent-devices (one process holds the team)")
+        if self.weights != "lora" and self.dtype != "float32":
+            raise ValueError(
+                f"--weights {self.weights} --dtype {self.dtype} would train the {self.dtype} weights themselves, and "
+                f"AdamW keeps no float32 master copy: an update smaller than half a {self.dtype} rounding step of its "
+                "weight (0.4% of it in bfloat16) rounds away; use --weights lora (the adapters train in float32 on a "
+                f"{self.dtype} base) or --dtype float32")
         if self.resume:
-            from baselines.llm.checkpoint import state_folder
+            from dataclasses import asdict
 
-            state_folder(self.resume)
+            from baselines.llm.checkpoint import check_resume
+
+            check_resume(self.resume, asdict(self), asdict(LLMTrainConfig()))
         resolve_model(self.model)
         if self.tis_cap < 0:
             raise ValueError(f"tis_cap must be >= 0 (0: no importance weights), got {self.tis_cap}")

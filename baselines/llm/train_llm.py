@@ -142,11 +142,17 @@ def _inputs(samples: Sequence[Sample], rows: Sequence[int]) -> tuple[list, list,
 
 
 def make_optimizer(team: Any, cfg: LLMTrainConfig) -> Any:
-    """AdamW with one parameter group per agent (its own learning rate), or one group for shared weights."""
+    """AdamW with one parameter group per agent (its own learning rate), or one group for shared weights; ValueError
+    when a trainable parameter is not float32 (AdamW would update it without a float32 master copy)."""
     import torch
 
     rates = cfg.learning_rates()
     groups = team.parameter_groups()
+    low = sorted({str(p.dtype).removeprefix("torch.") for params in groups for p in params if p.dtype != torch.float32})
+    if low:
+        raise ValueError(f"trainable parameters in {', '.join(low)}: AdamW keeps no float32 master copy, so an update "
+                         "smaller than half a rounding step of its weight is lost; train LoRA adapters (--weights "
+                         "lora: peft keeps them in float32) or load the weights with --dtype float32")
     return torch.optim.AdamW([{"params": params, "lr": rates[i] if len(groups) > 1 else cfg.lr}
                               for i, params in enumerate(groups)], lr=cfg.lr, weight_decay=0.0)
 

@@ -52,3 +52,27 @@ def paired_bootstrap(a: Floats, b: Floats, resamples: int = 4000,
     draws = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
     means = diff[draws].mean(1)
     return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def hierarchical_bootstrap(cells: Sequence[np.ndarray], weights: Sequence[float], resamples: int = 4000,
+                           seed: int = 0) -> tuple[float, float, float]:
+    """``sum_c weights[c] * mean(cells[c])`` and its percentile bootstrap 95% interval over training runs and problems.
+
+    ``cells[c]``: cell c's scores, one row per training run, one column per problem (the same problems in every cell;
+    a 1-D array is one run). Each resample draws every cell's runs with replacement, then one set of problems with
+    replacement shared by all cells (the problems are paired), and averages. One cell with weight 1 gives its mean,
+    two with 1 and -1 their paired difference, four with +-1/2 a main effect of a 2x2. With one run per cell only the
+    problems vary; with few runs the spread between runs is underestimated (2 runs: 4 distinct draws per cell)."""
+    scores = [np.atleast_2d(np.asarray(cell, float)) for cell in cells]
+    problems = scores[0].shape[1]
+    if any(cell.shape[1] != problems for cell in scores):
+        raise ValueError(f"every cell needs scores on the same problems, got {[cell.shape[1] for cell in scores]} columns")
+    rng = np.random.default_rng(seed)
+    columns = rng.integers(0, problems, (resamples, problems))
+    combined = np.zeros((resamples, problems))
+    for cell, weight in zip(scores, weights):
+        runs = rng.integers(0, len(cell), (resamples, len(cell)))
+        combined += weight * cell[runs].mean(1)  # each resample's mean over its drawn runs, per problem
+    means = np.take_along_axis(combined, columns, 1).mean(1)
+    estimate = sum(weight * cell.mean() for cell, weight in zip(scores, weights))
+    return float(estimate), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
