@@ -154,12 +154,14 @@ def test_a_fallback_fills_gaps_and_can_write_them_back(sim_set, tmp_path):
     shutil.copytree(sim_set, copy)
     backend = ReplayBackend(ReplaySet(copy), fallback=SimBackend(), write_back=True)
     env = sim_live(rounds=2)
+    backend.bind(env.task, env.config, "test")
     env.begin_episode(seed=0, options={"problem_index": 7})
     wanted = env.pending_requests()
     assert len(wanted) == 3
     filled = backend.generate(wanted)
     assert backend.misses == len(wanted) and [c.text for c in filled] == [c.text for c in SimBackend().generate(wanted)]
     again = ReplayBackend(ReplaySet(copy))  # the gaps were written as a chunk of their own
+    again.bind(env.task, env.config, "test")
     assert [c.text for c in again.generate(wanted)] == [c.text for c in filled] and again.misses == 0
 
 

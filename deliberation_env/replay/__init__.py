@@ -10,15 +10,16 @@ from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings
 
 
 def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test", *, fallback: Any = None,
-               data_dir: str | None = None, **options: Any):
+               fallback_model: str | None = None, data_dir: str | None = None, **options: Any):
     """A ``parallel_env`` on a replay set with the set's own recorded settings (task, prompts, agents, rounds,
     confidence, tokens, streams); ``options`` override env keywords (e.g. ``observation="flat"``, ``max_rounds``
-    below the recorded rounds, another recorded ``confidence``)."""
+    below the recorded rounds, another recorded ``confidence``). ``fallback`` answers what the set lacks; it must be
+    the recorded model unless ``fallback_model`` names the one you accept instead."""
     from deliberation_env.env import DeliberationEnv  # the env imports replay.backend: import it on use
 
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
     kwargs = {**env_settings(replay.card), **options}
-    return DeliberationEnv(backend=ReplayBackend(replay, fallback=fallback), split=split, data_dir=data_dir, **kwargs)
+    return DeliberationEnv(backend=ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model), split=split, data_dir=data_dir, **kwargs)
 
 
 __all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "env_settings", "load_card", "replay_env",

@@ -53,10 +53,17 @@ class ReplayBackend:
     """Answers requests from a replay set; see the module docstring."""
 
     def __init__(self, dataset: str | os.PathLike[str] | ReplaySet, fallback: Backend | None = None,
-                 write_back: bool = False):
+                 write_back: bool = False, fallback_model: str | None = None):
         self.set = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
         if write_back and fallback is None:
             raise ValueError("write_back=True needs a fallback= backend to fill the gaps it writes")
+        if fallback is not None:
+            found = fallback.identity()
+            if found != (fallback_model or self.set.card.model):
+                raise ReplayError(
+                    f"replay set {self.set.card.name!r} was recorded with model {self.set.card.model!r}; the fallback "
+                    f"backend is {found!r}. Its answers would pass for the recorded model's: use a fallback of that "
+                    f"model, or pass fallback_model={found!r} to accept this one on purpose")
         self.fallback, self.write_back = fallback, write_back
         self.split: str | None = None
         self.hits = self.misses = 0
@@ -76,6 +83,11 @@ class ReplayBackend:
         return Binding(problems, streams, card.request_format)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if self.split is None:
+            raise ReplayError(
+                f"replay set {self.set.card.name!r} was asked for completions before an env bound it, so its "
+                "integrity check never ran (a wrapper that hides the replay backend does this): give the ReplayBackend "
+                "to the env itself, or have the wrapper expose it as its `inner` attribute")
         completions: list[Completion | None] = [self.set.lookup(request) for request in requests]
         gaps = [i for i, completion in enumerate(completions) if completion is None]
         self.hits += len(requests) - len(gaps)
@@ -87,6 +99,7 @@ class ReplayBackend:
             records = []
             for i, completion in zip(gaps, filled):
                 record = record_of(rich_request(requests[i]), completion, **self._place(requests[i]))
+                record["model"] = self.fallback.identity()  # not the card's model, unless it is the same
                 self.set.records[record["key"]] = record
                 records.append(record)
                 completions[i] = self.set.lookup(requests[i])
@@ -120,9 +133,28 @@ class ReplayBackend:
                 f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
 
 
+def replay_backends(backend: Any) -> list[ReplayBackend]:
+    """The replay backends in a backend and the backends it wraps (a wrapper exposes its backend as ``inner``).
+
+    A replay backend under a cache is refused: replay needs no cache, and a cache shared with a live run of the same
+    model could answer a replayed request with a live completion."""
+    found, wrappers = [], []
+    while backend is not None:
+        if isinstance(backend, ReplayBackend):
+            found.append(backend)
+            break
+        wrappers.append(type(backend).__name__)
+        backend = getattr(backend, "inner", None)
+    if found and "CachedBackend" in wrappers:
+        raise ReplayError(f"replay set {found[0].set.card.name!r} under a cache (cache=): replay answers from the set "
+                          "itself and needs none; drop cache=")
+    return found
+
+
 def bind_replay(backends: Sequence[Any], task: Task, config: DeliberationConfig, split: str) -> Binding | None:
-    """The binding of the env's replay backends (all must agree), or None when none replays."""
-    bindings = [b.bind(task, config, split) for b in {id(b): b for b in backends}.values() if callable(getattr(b, "bind", None))]
+    """The binding of the env's replay backends, also under wrappers (all must agree), or None when none replays."""
+    replays = {id(r): r for b in backends for r in replay_backends(b)}
+    bindings = [replay.bind(task, config, split) for replay in replays.values()]
     if not bindings:
         return None
     first = bindings[0]
