@@ -40,14 +40,24 @@ def bench_import(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def llama_url():
-    """A llama.cpp server on SmolLM2 at 127.0.0.1 for the session (with logprobs); its /v1 URL."""
+def llama_process():
+    """A llama.cpp server on SmolLM2 at 127.0.0.1 for the session (with logprobs), checked with one completion."""
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: bash scripts/setup-tests.sh")
     from deliberation_env.backends.models import smollm2_gguf_path
-    from deliberation_env.testing.llama_server import llama_server
+    from deliberation_env.testing.llama_server import free_port, llama_command, serve
 
-    with llama_server(smollm2_gguf_path(), threads=2, n_ctx=2048, logits_all=True) as url:
-        yield url
+    port = free_port()
+    with serve(llama_command(smollm2_gguf_path(), port, threads=2, n_ctx=2048, logits_all=True), port) as server:
+        yield server
+
+
+@pytest.fixture
+def llama_url(llama_process):
+    """The session's llama.cpp server's /v1 URL. A server that died before or during the test is an error naming
+    its exit status or signal and its log's end, beside the test's own connection errors."""
+    llama_process.check("before this test")
+    yield llama_process.url
+    llama_process.check("during this test")
 
 
 @pytest.hookimpl(hookwrapper=True)

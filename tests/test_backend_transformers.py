@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -10,6 +12,7 @@ import deliberation_env
 from deliberation_env.backends.base import Message, Request
 
 torch = pytest.importorskip("torch")
+from deliberation_env.backends.decode import SeededSampler  # noqa: E402  (needs torch)
 
 
 @pytest.fixture(scope="session")
@@ -21,9 +24,28 @@ def smol(tmp_path_factory):
     return TransformersBackend(smollm2_gguf_path(), converted_cache_dir=directory, batch_size=8)
 
 
-def _request(seed: int, question: str = "What is 17 + 25?", *, logprobs: bool = False, temperature: float = 0.9) -> Request:
+def _request(seed: int, question: str = "What is 17 + 25?", *, logprobs: bool = False, temperature: float = 0.9,
+             max_tokens: int = 16, token_logprobs: bool = False) -> Request:
     messages = (Message("system", "You are a careful math assistant."), Message("user", question))
-    return Request(messages, "critic" if logprobs else "solve", 0, seed, max_tokens=16, temperature=temperature, logprobs=logprobs)
+    return Request(messages, "critic" if logprobs else "solve", 0, seed, max_tokens=max_tokens, temperature=temperature,
+                   logprobs=logprobs, token_logprobs=token_logprobs)
+
+
+def _force(monkeypatch, continuations: list[list[int] | None]) -> None:
+    """Teacher forcing through the real decode loop: request ``i`` "samples" ``continuations[i]`` (None: samples as
+    usual), so that its ``token_logprobs`` are the model's log-probabilities of those tokens (the requests must ask
+    for them)."""
+    sample = SeededSampler._perturbed
+
+    def forced(sampler: SeededSampler, logits: torch.Tensor, rows) -> torch.Tensor:
+        scores = sample(sampler, logits, rows)
+        for k, row in enumerate(rows):
+            if continuations[row] is not None:
+                scores[k] = -math.inf
+                scores[k, continuations[row][len(sampler.recorded[row])]] = 0.0
+        return scores
+
+    monkeypatch.setattr(SeededSampler, "_perturbed", forced)
 
 
 def test_batch_left_padding_seeds_and_tokens(smol):
@@ -102,13 +124,28 @@ def test_output_projection_gets_contiguous_rows(smol):
     assert seen == [True] and torch.equal(logits, expected)
 
 
-def test_rows_with_one_prompt_share_its_prefill(smol):
+# One continuation per prompt, forced on its greedy rows. The first is the separate prefill's greedy reading where, on
+# one CPU, the shared prefill's read "To add 17 and 25, we need to follow the order" (a bfloat16 near-tie).
+CONTINUATIONS = {"What is 17 + 25?": "To add 17 and 25, you simply add them together: 42.",
+                 "What is 9 * 8?": "To multiply 9 by 8, we need to follow the order of operations."}
+
+
+def test_rows_with_one_prompt_share_its_prefill(smol, monkeypatch):
     # the agents' solve requests of an episode (or a GRPO group) carry one prompt: it is prefilled once and its cache
-    # copied to every row, which decodes as if it had prefilled on its own, up to float rounding (another split of the
-    # same matmuls), so greedy rows and log-probabilities agree while a sampled near-tie may flip, as with any rebatching
-    requests = [_request(seed, question, temperature=temperature) for question in ("What is 17 + 25?", "What is 9 * 8?")
-                for seed in range(2) for temperature in (0.0, 0.9)]  # one batch of 8
-    requests[1] = _request(1, "What is 17 + 25?", logprobs=True, temperature=0.0)
+    # copied to every row, which decodes as if it had prefilled on its own, up to bfloat16 rounding (another split of
+    # the same matmuls). Rounding can flip a greedy near-tie, so the greedy rows are compared on the log-probabilities
+    # of one fixed continuation, forced on both paths. Measured on SmolLM2 in bfloat16: re-batching moves them by up to
+    # 0.2 nat per token (0.02 on average); a row decoding from another prompt's cache moves them by up to 11 (1.7 on
+    # average). Off-by-one position ids move them less (up to 0.8 per token), near what rounding may do on another CPU:
+    # the float32 test below bounds those at 1e-4.
+    forced = {question: smol.tokenizer(text, add_special_tokens=False)["input_ids"]
+              for question, text in CONTINUATIONS.items()}
+    requests = [_request(seed, question, temperature=temperature, max_tokens=len(forced[question]), token_logprobs=True)
+                for question in CONTINUATIONS for seed in range(2) for temperature in (0.0, 0.9)]  # one batch of 8
+    requests[1] = replace(requests[1], kind="critic", temperature=0.0, logprobs=True)
+    greedy = [row for row, request in enumerate(requests) if request.temperature == 0.0]
+    _force(monkeypatch, [forced[request.messages[-1].content] if row in greedy else None
+                         for row, request in enumerate(requests)])
     batch_sizes = []
     handle = smol.model.get_input_embeddings().register_forward_pre_hook(
         lambda _module, args: batch_sizes.append(tuple(args[0].shape)))
@@ -126,10 +163,17 @@ def test_rows_with_one_prompt_share_its_prefill(smol):
     assert batch_sizes[0] == (2, width - 1) and batch_sizes[1] == (8, 1)  # two distinct prompts, then a token per row
     prompt_lengths = sorted({len(smol.encode(request)) for request in requests})
     assert smol.prefix_tokens_reused == reused + 3 * sum(n - 1 for n in prompt_lengths)  # 3 copies of each prompt
-    greedy = [row for row, request in enumerate(requests) if request.temperature == 0.0]
-    assert [shared[row].text for row in greedy] == [separate[row].text for row in greedy]
-    assert shared[1].top_logprobs.keys() == separate[1].top_logprobs.keys()
-    assert shared[1].top_logprobs == pytest.approx(separate[1].top_logprobs, rel=0.05, abs=0.05)  # bfloat16 steps
+    for row in greedy:
+        request, alone, together = requests[row], separate[row], shared[row]
+        assert alone.text == together.text == CONTINUATIONS[request.messages[-1].content]  # the forced tokens
+        alone_logprobs, together_logprobs = [v for _, v in alone.token_logprobs], [v for _, v in together.token_logprobs]
+        assert together_logprobs == pytest.approx(alone_logprobs, abs=1.0)
+        assert sum(abs(a - b) for a, b in zip(alone_logprobs, together_logprobs)) / len(alone_logprobs) < 0.1
+    # the first token's top 20: the same tokens, but for those near-tied with the 21st, at about the same log-probability
+    alone, together = separate[1].top_logprobs, shared[1].top_logprobs
+    clear = {token for token, value in alone.items() if value > min(alone.values()) + 0.1}
+    assert len(clear) >= 10 and clear <= together.keys()
+    assert {t: together[t] for t in clear} == pytest.approx({t: alone[t] for t in clear}, rel=0.05, abs=0.05)
     assert shared[5].text != shared[7].text  # copies of one prompt's cache still sample by their own seeds
 
 
