@@ -12,9 +12,11 @@ from deliberation_env.tasks.base import PeerView
 
 # Digests of every problem's id, text, answer and difficulty, taken before level 0 existed. The
 # determinism tests and the benchmark tables depend on these problems not changing by one character.
+# One exception, on purpose: level 1 alone repeated a question in train (arithmetic-train-1866), which is now
+# drawn again (unique splits); with unique=False the old digest still holds (test below).
 PINNED_DIGESTS = {
     (1, 2, 3, 4, 5): ("b709f0af921e699e", "da19ec77c702bb44"),
-    (1,): ("53378079f37e0bf4", "d47d6c5e9ee7751e"),
+    (1,): ("a36a5bc9679b295b", "d47d6c5e9ee7751e"),
     (2, 4): ("94870f8ae6364526", "ba733b558c4d6dc5"),
     (5, 3): ("290fa4927ee3ef83", "62790e10840f0dcc"),
 }
@@ -32,6 +34,14 @@ def test_existing_levels_generate_the_same_problems(levels):
     assert (_digest(ArithmeticTask(levels=levels), "train"), _digest(ArithmeticTask(levels=levels), "test")) == (
         PINNED_DIGESTS[levels]
     )
+
+
+def test_without_unique_level_one_is_what_it_was():
+    old = ArithmeticTask(levels=(1,), unique=False)
+    assert (_digest(old, "train"), _digest(old, "test")) == ("53378079f37e0bf4", "d47d6c5e9ee7751e")
+    new = ArithmeticTask(levels=(1,))
+    changed = [p.id for p, q in zip(new.problems("train"), old.problems("train")) if p.question != q.question]
+    assert changed == ["arithmetic-train-1866"]
 
 
 def test_default_split_is_pinned_by_text():
