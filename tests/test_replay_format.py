@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+import deliberation_env
 from deliberation_env.record import main as record
 from deliberation_env.replay import ReplayError, ReplaySet, replay_env
 from deliberation_env.replay.dataset import HUB_PREFIX, OLD_FORMATS
@@ -238,6 +239,8 @@ def test_a_hub_revision_can_be_pinned(small_set, copy, tmp_path, monkeypatch):
     hub_cache(tmp_path, monkeypatch, {old: copy, new: small_set}, main=new)
     assert ReplaySet(f"{HUB_PREFIX}someone/small").card.name == "small"
     assert ReplaySet(f"{HUB_PREFIX}someone/small@{old}").card.name == "older"
+    with pytest.raises(ReplayError, match="not in the local hub cache"):
+        ReplaySet(f"{HUB_PREFIX}someone/small@{'3' * 40}")
 
 
 @pytest.mark.parametrize("name", ["someone/small/extra", "some one/small", "someone/small@", "someone/sm..all",
@@ -256,3 +259,14 @@ def test_replay_env_names_the_recorded_task_and_splits(small_set):
         replay_env(small_set, split="train")
     with pytest.raises(ReplayError, match=r"no split 'validation'"):
         replay_env(small_set, split="validation")
+
+
+def test_parallel_env_on_a_replay_set_names_its_task_and_splits_before_loading_data(small_set, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # gsm8k's data is never asked for: the set's task differs
+    monkeypatch.setenv("DELIBERATION_ENV_DATA", str(small_set / "no-data-here"))
+    with pytest.raises(ReplayError, match=r"records task 'arithmetic'.*not 'gsm8k'"):
+        deliberation_env.parallel_env(task="gsm8k", backend="replay", backend_kwargs={"dataset": str(small_set)})
+    with pytest.raises(ReplayError, match=r"no split 'validation'"):
+        deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]}, split="validation",
+                                      backend="replay", backend_kwargs={"dataset": str(small_set)}, max_tokens=64,
+                                      max_rounds=1)

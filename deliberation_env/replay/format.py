@@ -41,6 +41,8 @@ PROBLEM_SCHEMA = pa.schema([
     ("solve_messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
 ])
 """One row per recorded problem: what the records' ``problem`` ids point to (gold answer, level, prompt)."""
+_LOGPROBS = ("tokens", "token_logprobs", "top_tokens", "top_logprobs")
+_PLAIN = tuple(name for name in CHUNK_SCHEMA.names if name not in _LOGPROBS)
 
 
 class DamagedSet(ValueError):
@@ -57,24 +59,13 @@ def sha256_file(path: Path) -> str:
 
 def to_row(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record as a chunk row (log-probabilities as parallel lists)."""
-    row = {name: record[name] for name in CHUNK_SCHEMA.names if name in record and name not in
-           ("token_logprobs", "top_logprobs")}
+    row = {name: record[name] for name in _PLAIN}
     pairs, top = record.get("token_logprobs"), record.get("top_logprobs")
     row["tokens"] = None if pairs is None else [str(t) for t, _ in pairs]
     row["token_logprobs"] = None if pairs is None else [float(v) for _, v in pairs]
     row["top_tokens"] = None if top is None else list(top)
     row["top_logprobs"] = None if top is None else [float(v) for v in top.values()]
     return row
-
-
-def from_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A chunk row as the record the recorder wrote (``to_row``'s inverse)."""
-    record = {name: row[name] for name in CHUNK_SCHEMA.names
-              if name not in ("tokens", "token_logprobs", "top_tokens", "top_logprobs")}
-    tokens, top = row["tokens"], row["top_tokens"]
-    record["top_logprobs"] = None if top is None else dict(zip(top, row["top_logprobs"]))
-    record["token_logprobs"] = None if tokens is None else [[t, v] for t, v in zip(tokens, row["token_logprobs"])]
-    return record
 
 
 def _write(path: Path, table: pa.Table) -> dict[str, Any]:
@@ -98,7 +89,18 @@ def write_chunk(path: Path, records: Iterable[Mapping[str, Any]]) -> dict[str, A
 
 
 def read_chunk(path: Path) -> list[dict[str, Any]]:
-    return [from_row(row) for row in pq.read_table(path, schema=CHUNK_SCHEMA).to_pylist()]
+    """A chunk's records as the recorder wrote them (``to_row``'s inverse). Read column by column: converting
+    whole rows with ``Table.to_pylist`` takes a third longer on a set's million tokens."""
+    table = pq.read_table(path, schema=CHUNK_SCHEMA)
+    columns = {name: table.column(name).to_pylist() for name in CHUNK_SCHEMA.names}
+    records = []
+    for i, values in enumerate(zip(*(columns[name] for name in _PLAIN))):
+        record = dict(zip(_PLAIN, values))
+        tokens, top = columns["tokens"][i], columns["top_tokens"][i]
+        record["top_logprobs"] = None if top is None else dict(zip(top, columns["top_logprobs"][i]))
+        record["token_logprobs"] = None if tokens is None else [[t, v] for t, v in zip(tokens, columns["token_logprobs"][i])]
+        records.append(record)
+    return records
 
 
 def problem_rows(task: Any, split: str, ids: Sequence[str]) -> list[dict[str, Any]]:
