@@ -20,7 +20,7 @@ import deliberation_env
 from deliberation_env.record import main as record
 from deliberation_env.replay import ReplayError, ReplaySet, replay_env
 from deliberation_env.replay.dataset import HUB_PREFIX, OLD_FORMATS
-from deliberation_env.replay.format import read_chunk
+from deliberation_env.replay.format import read_chunk, write_chunk
 from deliberation_env.replay.migrate import main as migrate
 from deliberation_env.replay.provenance import weights_of
 from tests.test_replay import SIM_FLAGS
@@ -138,6 +138,19 @@ def test_weights_files_are_hashed(tmp_path):
         "file": "m.gguf", "sha256": hashlib.sha256(b"weights").hexdigest(), "bytes": 7,
         "source": "https://example.org/m", "license": "MIT"}
     assert weights_of("openai", "Qwen/Qwen2.5-7B")["sha256"] is None
+
+
+def test_lone_surrogates_round_trip_json_quoted_and_only_where_needed(tmp_path):
+    plain = {"key": "k1", "split": "test", "problem": "p", "stream": 0, "round": 0, "agent": 0, "kind": "solve",
+             "text": "ok é", "prompt_tokens": 3, "completion_tokens": 2, "finish_reason": "stop",
+             "top_logprobs": None, "token_logprobs": [["ok", -0.5], [" é", -1.0]]}
+    odd = {**plain, "key": "k2", "kind": "critic", "text": "half \ud83d", "finish_reason": "stop\udc80",
+           "top_logprobs": {"Yes\ud800": -0.25, "No": -2.0}, "token_logprobs": None}
+    entry = write_chunk(tmp_path / "c.parquet", [plain, odd])
+    assert read_chunk(tmp_path / "c.parquet") == [plain, odd] and entry["records"] == 2
+    rows = pq.read_table(tmp_path / "c.parquet").to_pylist()
+    assert rows[0]["escaped"] is None and rows[0]["text"] == "ok é"
+    assert rows[1]["escaped"] == ["text", "finish_reason", "top_tokens"] and rows[1]["text"] == '"half \\ud83d"'
 
 
 def damage_deleted(chunk: Path) -> None:

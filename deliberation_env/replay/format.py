@@ -6,6 +6,9 @@ JSON of those mixes strings and numbers in one list and gives every critic a str
 ``pyarrow`` and ``datasets`` cannot type. On disk each becomes two parallel columns of one type each
 (``tokens`` + ``token_logprobs``, ``top_tokens`` + ``top_logprobs``) under a fixed schema, so any Parquet
 reader (pyarrow, pandas, ``datasets``, the hub viewer) reads the files as they are.
+
+Parquet strings are UTF-8, which cannot hold the lone surrogates a server's JSON can carry: a text, finish
+reason or token list that holds one is stored JSON-quoted (ASCII, losslessly) and named in ``escaped``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ CHUNK_SCHEMA = pa.schema([
     ("round", pa.int64()), ("agent", pa.int64()), ("kind", pa.string()), ("text", pa.string()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("finish_reason", pa.string()),
     ("tokens", _STRINGS), ("token_logprobs", _FLOATS), ("top_tokens", _STRINGS), ("top_logprobs", _FLOATS),
+    ("escaped", _STRINGS),
 ])
 PROBLEM_SCHEMA = pa.schema([
     ("id", pa.string()), ("split", pa.string()), ("position", pa.int64()), ("question", pa.string()),
@@ -41,8 +45,9 @@ PROBLEM_SCHEMA = pa.schema([
     ("solve_messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
 ])
 """One row per recorded problem: what the records' ``problem`` ids point to (gold answer, level, prompt)."""
-_LOGPROBS = ("tokens", "token_logprobs", "top_tokens", "top_logprobs")
-_PLAIN = tuple(name for name in CHUNK_SCHEMA.names if name not in _LOGPROBS)
+_ENCODED = ("tokens", "token_logprobs", "top_tokens", "top_logprobs", "escaped")
+_PLAIN = tuple(name for name in CHUNK_SCHEMA.names if name not in _ENCODED)
+_ESCAPABLE = ("text", "finish_reason", "tokens", "top_tokens")
 
 
 class DamagedSet(ValueError):
@@ -65,7 +70,21 @@ def to_row(record: Mapping[str, Any]) -> dict[str, Any]:
     row["token_logprobs"] = None if pairs is None else [float(v) for _, v in pairs]
     row["top_tokens"] = None if top is None else list(top)
     row["top_logprobs"] = None if top is None else [float(v) for v in top.values()]
+    row["escaped"] = [name for name in _ESCAPABLE if _escape(row, name)] or None
     return row
+
+
+def _escape(row: dict[str, Any], name: str) -> bool:
+    """JSON-quote ``row[name]`` (a string or a list of them) if UTF-8 cannot hold it; True if it did."""
+    value = row[name]
+    if value is None:
+        return False
+    try:
+        ("".join(value) if isinstance(value, list) else value).encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        row[name] = [json.dumps(v) for v in value] if isinstance(value, list) else json.dumps(value)
+        return True
 
 
 def _write(path: Path, table: pa.Table) -> dict[str, Any]:
@@ -97,6 +116,13 @@ def read_chunk(path: Path) -> list[dict[str, Any]]:
     for i, values in enumerate(zip(*(columns[name] for name in _PLAIN))):
         record = dict(zip(_PLAIN, values))
         tokens, top = columns["tokens"][i], columns["top_tokens"][i]
+        for name in columns["escaped"][i] or ():  # rare: the fields ``_escape`` quoted
+            if name == "tokens":
+                tokens = [json.loads(t) for t in tokens]
+            elif name == "top_tokens":
+                top = [json.loads(t) for t in top]
+            else:
+                record[name] = json.loads(record[name])
         record["top_logprobs"] = None if top is None else dict(zip(top, columns["top_logprobs"][i]))
         record["token_logprobs"] = None if tokens is None else [[t, v] for t, v in zip(tokens, columns["token_logprobs"][i])]
         records.append(record)
