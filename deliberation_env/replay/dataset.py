@@ -343,12 +343,14 @@ class ReplaySet:
 
 
 def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
+    """The error of an env that asks a replay set for another task than the recorded one."""
     return (f"{where} records task {card.task!r} with task_kwargs {card.task_kwargs}, not {task!r}: drop task= and "
             f"task_kwargs= (replay_env() builds the recorded task), or record a set for {task!r} with "
             f"`python -m deliberation_env.record --task {task} ...`")
 
 
 def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
+    """The error of an env that asks a replay set for a split it did not record."""
     return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}: pass one of them as split=, or "
             f"record {split!r} into the set with `python -m deliberation_env.record --split {split} ...` (the card's "
             "commands show the other flags)")
