@@ -119,14 +119,14 @@ class DeliberationEnv(ParallelEnv):
                                         width)
         self.task = self._make_task(task, data_dir, dict(task_kwargs or {}))
         self.split = split
-        self.problems: Sequence[Problem] = self.task.problems(split)
-        if len(self.problems) == 0:
-            raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
         self.backends = self._make_backends(backend, dict(backend_kwargs or {}), cache)
+        # before the task's problems: a replay set names a task or split it lacks, instead of the task failing
         binding = bind_replay(self.backends, self.task, self.config, split)
         if binding is not None:  # a replay set: its recorded problems and its sample streams
             self.config = replace(self.config, streams=binding.streams, request_format=binding.request_format)
-            self.problems = binding.problems
+        self.problems: Sequence[Problem] = self.task.problems(split) if binding is None else binding.problems
+        if len(self.problems) == 0:
+            raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
         self.render_mode = render_mode
         self.invalid_action = invalid_action
 

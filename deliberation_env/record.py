@@ -32,16 +32,10 @@ from deliberation_env.cli import (
     user_input,
 )
 from deliberation_env.core.deliberation import CONFIDENCE_SOURCES, DeliberationConfig
-from deliberation_env.replay.dataset import (
-    ReplayCard,
-    chunk_files,
-    prompt_fingerprint,
-    read_records,
-    settings_of,
-    write_card,
-    write_chunk,
-)
+from deliberation_env.replay.dataset import ReplayCard, prompt_fingerprint, read_records, settings_of, write_card
+from deliberation_env.replay.format import problem_rows, write_chunk, write_problems
 from deliberation_env.replay.markdown import card_markdown
+from deliberation_env.replay.provenance import library_versions, sampling_of, weights_of
 from deliberation_env.replay.recorder import PartialFile, TreeRecorder
 
 
@@ -71,6 +65,9 @@ def parse_args(argv: list[str] | None) -> Any:
                              "rule and chosen targets; default) or only to the --concede-target rule's peer (rule)")
     parser.add_argument("--chunk", type=positive_int, default=50, help="problems per chunk file (default 50)")
     parser.add_argument("--wave", type=positive_int, default=8, help="problems whose trees are walked together")
+    parser.add_argument("--weights-source", default=None, metavar="URL",
+                        help="where the model file comes from, for the card (its sha256 is computed)")
+    parser.add_argument("--weights-license", default=None, help="the model's license, for the card")
     add_backend_arguments(parser, backend_default="transformers")
     return parser.parse_args(argv)
 
@@ -113,7 +110,7 @@ def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[s
     tokens = 0
     solved: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     count = 0
-    for record in read_records(out):
+    for record in read_records(out, card):
         if record["problem"] not in problems:
             continue
         count += 1
@@ -133,7 +130,7 @@ def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[s
         "tokens_per_problem": round(tokens / n, 1),
         "solve_accuracy_by_level": {level: {"correct": c, "solves": t, "accuracy": round(c / t, 3)}
                                     for level, (c, t) in sorted(solved.items())},
-        "bytes": sum(f.stat().st_size for f in chunk_files(out)),
+        "bytes": sum(entry["bytes"] for name, entry in card.files.items() if name.startswith("chunks/")),
         "recording_seconds": round(seconds, 1),
     }
 
@@ -152,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
                                     streams=args.streams, **env_options(args))
     out = Path(args.out)
     card_path = out / "card.json"
-    recorded = ReplayCard.from_json(card_path.read_text(encoding="utf-8"), str(card_path)) if card_path.is_file() else None
+    with user_input("--out"):
+        recorded = ReplayCard.from_json(card_path.read_text(encoding="utf-8"), str(card_path)) if card_path.is_file() else None
     fresh = ReplayCard(name=args.name or out.resolve().name, model="", backend="",
                        task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
                        rounds=args.rounds, confidence=args.confidence, confidence_sources=list(args.sources),
                        streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
                        partial=args.branch_limit is not None and args.rounds > 1, branch_limit=args.branch_limit,
-                       concede_targets=args.concede_targets)
+                       concede_targets=args.concede_targets, sampling=sampling_of(task, config, chosen[0][1]),
+                       versions=library_versions())
     if recorded is not None:
         check_same(recorded, fresh)  # before the early exit: a finished range under other settings is no answer
         if {p.id for _, p in chosen} <= set(recorded.splits.get(args.split, [])):
@@ -168,17 +167,28 @@ def main(argv: list[str] | None = None) -> int:
     settings = backend_settings(args)
     backend = settings.build()
     fresh.model, fresh.backend = backend.identity(), f"{type(backend).__name__} ({settings.backend})"
+    fresh.weights = weights_of(settings.backend, settings.model, args.weights_source, args.weights_license)
     card = fresh
     if recorded is not None:
         card = recorded
         check_same(card, fresh, ("model",))
+        if card.weights.get("sha256") and fresh.weights.get("sha256") not in (None, card.weights["sha256"]):
+            raise UserError(f"--model's file has sha256 {fresh.weights['sha256']}, the set was recorded with "
+                            f"{card.weights['sha256']}: record a new set into another folder")
+        for name in ("sampling", "versions"):  # a migrated set may lack them
+            if not getattr(card, name):
+                setattr(card, name, getattr(fresh, name))
+        if not card.weights.get("sha256"):
+            card.weights = fresh.weights
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m deliberation_env.record " + shlex.join(sys.argv[1:] if argv is None else argv)
     command = command.replace(str(Path.home()), "~")  # no home folder of the recording machine in the card
     if command not in card.commands:
         card.commands.append(command)
     done = set(card.splits.get(args.split, []))
-    records = {r["key"]: r for r in read_records(out)}
+    # not strict: a chunk written just before a kill, and not yet in the card, is recorded again from its records
+    with user_input("--out"):
+        records = {r["key"]: r for r in read_records(out, card, strict=False)}
     recorder = TreeRecorder(task, config, backend, rounds=args.rounds, confidence_sources=args.sources,
                             records=records, branch_limit=args.branch_limit,
                             all_targets=args.concede_targets == "all")
@@ -204,12 +214,15 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[round_] += count
             bar.update(len(wave))
         chunk_ids = set(ids)
-        write_chunk(out / "chunks" / f"{name}.jsonl.gz",
-                    sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
-                           key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"])))
+        card.files[f"chunks/{name}.parquet"] = write_chunk(
+            out / "chunks" / f"{name}.parquet",
+            sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
+                   key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"])))
         partial.remove()
         seconds += time.perf_counter() - started
         card.splits[args.split] = [*card.splits.get(args.split, []), *ids]
+        card.files[f"problems/{args.split}.parquet"] = write_problems(
+            out / "problems" / f"{args.split}.parquet", problem_rows(task, args.split, card.splits[args.split]))
         card.stats = card_stats(task, card, out, seconds)
         write_card(out, card)
         (out / "README.md").write_text(card_markdown(card), encoding="utf-8")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import shutil
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import deliberation_env
@@ -71,7 +71,7 @@ def sim_live(rounds=2, streams=2, **options):
 def test_replay_equals_the_live_sim_for_every_joint_action_sequence_and_source(sim_set):
     dataset = ReplaySet(sim_set)
     assert dataset.card.splits == {split: [f"arithmetic-{split}-{i}" for i in range(4)] for split in ("test", "train")}
-    assert len(list((sim_set / "chunks").glob("test-*.jsonl.gz"))) == 2  # chunks of 3 and 1 problems
+    assert len(list((sim_set / "chunks").glob("test-*.parquet"))) == 2  # chunks of 3 and 1 problems
     for confidence in CONFIDENCE_SOURCES:
         replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
         assert replayed.config.streams == 2 and replayed.config.max_rounds == 2
@@ -240,11 +240,10 @@ def test_branch_limit_bounds_later_rounds_and_marks_the_set_partial(tmp_path):
     assert float(rounds["2"]) > float(rounds["1"])  # the tree grows with the rounds
 
 
-def test_records_are_plain_jsonl_readable_without_the_package(sim_set):
-    chunk = sorted((sim_set / "chunks").glob("*.jsonl.gz"))[0]
-    with gzip.open(chunk, "rt") as stream:
-        first = json.loads(stream.readline())
-    assert {"key", "problem", "stream", "round", "agent", "kind", "text", "token_logprobs"} <= set(first)
+def test_records_are_plain_parquet_readable_without_the_package(sim_set):
+    chunk = sorted((sim_set / "chunks").glob("*.parquet"))[0]
+    first = pq.read_table(chunk).to_pylist()[0]
+    assert {"key", "problem", "stream", "round", "agent", "kind", "text", "tokens", "token_logprobs"} <= set(first)
     card = json.loads((sim_set / "card.json").read_text())
     assert card["streams"] == 2 and card["task"] == "arithmetic"
     assert "Replay set" in (sim_set / "README.md").read_text()

@@ -95,4 +95,8 @@ def test_a_fallback_of_another_model_is_refused_unless_named(sim_set, tmp_path):
     env.begin_episode(seed=0, options={"problem_index": 7})  # not in the set: the fallback answers
     backend.generate(env.pending_requests())
     written = [r for r in read_records(copy) if r["problem"] == "arithmetic-test-7"]
-    assert written and {r["model"] for r in written} == {other.identity()}
+    card = ReplaySet(copy).card
+    fallback_files = [entry for name, entry in card.files.items() if "fallback" in name]
+    assert len(written) == 3 and len(fallback_files) == 1  # one file for the one write
+    assert fallback_files[0]["model"] == other.identity() != card.model
+    assert other.identity() in (copy / "README.md").read_text()

@@ -6,7 +6,15 @@ import os
 from typing import Any
 
 from deliberation_env.replay.backend import ReplayBackend, ReplayMiss
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings, load_card, shipped
+from deliberation_env.replay.dataset import (
+    ReplayError,
+    ReplaySet,
+    env_settings,
+    load_card,
+    shipped,
+    split_mismatch,
+    task_mismatch,
+)
 
 
 def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test", *, fallback: Any = None,
@@ -18,8 +26,17 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test",
     from deliberation_env.env import DeliberationEnv  # the env imports replay.backend: import it on use
 
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
-    kwargs = {**env_settings(replay.card), **options}
-    return DeliberationEnv(backend=ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model), split=split, data_dir=data_dir, **kwargs)
+    card, where = replay.card, f"replay set {replay.card.name!r} ({replay.path})"
+    if options.get("task", card.task) != card.task:
+        raise ReplayError(task_mismatch(card, where, options["task"]))
+    if dict(options.get("task_kwargs", card.task_kwargs)) != card.task_kwargs:
+        raise ReplayError(f"{where} was recorded with task_kwargs {card.task_kwargs}, not {options['task_kwargs']}: "
+                          "drop task_kwargs= (replay_env() builds the recorded task), or record a set with them")
+    if split not in card.splits:  # before the env asks the task for a split it may not have
+        raise ReplayError(split_mismatch(card, where, split))
+    kwargs = {**env_settings(card), **options}
+    backend = ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model)
+    return DeliberationEnv(backend=backend, split=split, data_dir=data_dir, **kwargs)
 
 
 __all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "env_settings", "load_card", "replay_env",

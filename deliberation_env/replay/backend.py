@@ -14,7 +14,7 @@ problems of the split, and its episodes draw one of the set's S streams per epis
 A request outside the recording (a custom env driven past the check) raises ``ReplayMiss`` naming the
 problem, stream, round, agent and the command that records it; with ``fallback=`` a live backend
 answers it instead, and ``write_back=True`` appends those answers to the set as a chunk marked
-``fallback``.
+``fallback`` (listed, with its checksum, in the card).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from typing import Any, cast
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import DeliberationConfig
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, record_of, rich_request, write_chunk
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, record_of, rich_request, write_card
+from deliberation_env.replay.format import write_chunk
+from deliberation_env.replay.markdown import card_markdown
 from deliberation_env.tasks.base import Problem, Task
 
 
@@ -99,12 +101,17 @@ class ReplayBackend:
             records = []
             for i, completion in zip(gaps, filled):
                 record = record_of(rich_request(requests[i]), completion, **self._place(requests[i]))
-                record["model"] = self.fallback.identity()  # not the card's model, unless it is the same
                 self.set.records[record["key"]] = record
                 records.append(record)
                 completions[i] = self.set.lookup(requests[i])
             if self.write_back:
-                write_chunk(self.set.path / "chunks" / f"fallback-{time.time_ns()}.jsonl.gz", records)
+                # named <split>-... so that the README's per-split data files take it in
+                name = f"chunks/{self.split or 'unknown'}-fallback-{time.time_ns()}.parquet"
+                entry = write_chunk(self.set.path / name, records)
+                entry["model"] = self.fallback.identity()  # these records' model (the card's, or fallback_model)
+                self.set.card.files[name] = entry
+                write_card(self.set.path, self.set.card)
+                (self.set.path / "README.md").write_text(card_markdown(self.set.card), encoding="utf-8")
         return cast("list[Completion]", completions)  # the gaps are filled above
 
     def _place(self, request: Request) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 A replay set is a folder (format in docs/replay.md; readable without this package)::
 
-    card.json               what made it: model, backend, task, env settings, prompt fingerprint, streams,
-                            recorded problem ids per split, request format, coverage, commands
+    card.json               what made it: model, weights (sha256, source), backend, library versions, task,
+                            env and sampling settings, prompt fingerprint, streams, recorded problem ids per
+                            split, request format, coverage, commands, and each data file's sha256 and records
     README.md               the human dataset card (written by the recorder from card.json)
-    chunks/*.jsonl.gz       one JSON object per completion (``RECORD_FIELDS``)
+    chunks/*.parquet        one row per completion (``RECORD_FIELDS``; encoding in ``replay.format``)
+    problems/<split>.parquet  each recorded problem: question, gold answer, level/subject, solve prompt
 
 Every completion is keyed by what determines it (``request_key``: messages, seed, max_tokens,
 temperature, top_p) and stored with all the signals the model gave: solutions and refinements with
@@ -16,12 +18,11 @@ request gets back the fields it asked for (``completion_for``), so one recording
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,13 @@ from typing import Any
 from deliberation_env.backends.base import Completion, Request
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
+from deliberation_env.replay.format import MIGRATE_COMMAND, DamagedSet, read_chunk, verify
 from deliberation_env.tasks.base import PeerView, Problem, Task
 
-FORMAT = "deliberation-replay/1"
+FORMAT = "deliberation-replay/2"
+"""Parquet chunks and problem tables, checksummed in the card (``replay.format``)."""
+OLD_FORMATS = ("deliberation-replay/1",)
+"""Formats ``replay.migrate`` converts (JSON-lines chunks, no checksums, no problem table)."""
 SETS_DIR = Path(__file__).resolve().parent / "sets"
 """Where the replay sets shipped with the package live (one folder each)."""
 HUB_PREFIX = "hf://"
@@ -134,6 +139,15 @@ class ReplayCard:
     branch_limit: int | None = None
     format: str = FORMAT
     request_format: int = REQUEST_FORMAT
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Every sampling parameter of the requests (temperatures, top_p, token limits, how seeds are derived)."""
+    weights: dict[str, Any] = field(default_factory=dict)
+    """The model file's ``sha256``, ``bytes``, ``file``, ``source`` and ``license``; or ``sha256`` None and why."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """Library versions of the recording (Python, deliberation_env, torch, transformers, llama_cpp, ...)."""
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Every data file (``chunks/...``, ``problems/...``) with its ``sha256``, ``records`` and ``bytes``:
+    loading checks them."""
     commands: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     """Coverage, tree sizes, accuracy per level and size (written by the recorder)."""
@@ -142,14 +156,18 @@ class ReplayCard:
         return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> ReplayCard:
+    def from_json(cls, text: str, where: str, formats: tuple[str, ...] = (FORMAT,)) -> ReplayCard:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
             raise ReplayError(f"{where} is not valid JSON ({error}); the replay set is damaged: record it again") from error
         known = {f.name for f in fields(cls)}
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            found = data.get("format") if isinstance(data, dict) else None
+        found = data.get("format") if isinstance(data, dict) else None
+        if found in OLD_FORMATS and found not in formats:
+            raise ReplayError(f"{where} has the old format {found!r} (JSON-lines chunks without checksums); this "
+                              f"package reads {FORMAT!r}: convert the set once with `{MIGRATE_COMMAND} "
+                              f"{Path(where).parent}`")
+        if found not in formats:
             raise ReplayError(f"{where} has format {found!r}, this package reads {FORMAT!r}")
         missing = [name for name in ("name", "model", "task", "settings", "rounds", "streams") if name not in data]
         if missing:
@@ -169,7 +187,8 @@ class ReplayCard:
 
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
-    """The folder of a replay set: a path, a set shipped in the package, or ``hf://owner/name`` on the hub."""
+    """The folder of a replay set: a path, a set shipped in the package, or ``hf://owner/name[@revision]`` on the
+    hub (a revision, a branch, tag or commit, pins what is loaded)."""
     text = os.fspath(name_or_path)
     if text.startswith(HUB_PREFIX):
         return _from_hub(text[len(HUB_PREFIX):])
@@ -179,7 +198,7 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
     if re.fullmatch(r"[A-Za-z0-9_.-]+", text) and (SETS_DIR / text).is_dir():
         return SETS_DIR / text
     raise ReplayError(f"no replay set {text!r}: not a folder, not one of the shipped sets ({', '.join(shipped())}), "
-                      f"and not a hub id (write {HUB_PREFIX}owner/name)")
+                      f"and not a hub id (write {HUB_PREFIX}owner/name or {HUB_PREFIX}owner/name@revision)")
 
 
 def load_card(name_or_path: str | os.PathLike[str]) -> ReplayCard:
@@ -202,17 +221,32 @@ def shipped() -> list[str]:
     return sorted(p.name for p in SETS_DIR.iterdir() if (p / "card.json").is_file()) if SETS_DIR.is_dir() else []
 
 
-def _from_hub(repo_id: str) -> Path:
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
+
+
+def _from_hub(spec: str) -> Path:
+    """``owner/name[@revision]`` downloaded (or found in the local hub cache) by ``snapshot_download``."""
+    repo_id, _, revision = spec.partition("@")
+    form = f"write {HUB_PREFIX}owner/name, or {HUB_PREFIX}owner/name@revision to pin a branch, tag or commit"
+    if (not _HUB_ID.fullmatch(repo_id) or ".." in repo_id or repo_id.endswith(".")
+            or (revision and (not _REVISION.fullmatch(revision) or ".." in revision)) or spec.endswith("@")):
+        raise ReplayError(f"{HUB_PREFIX}{spec} is not a hub dataset id: {form}")
     try:
         from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RevisionNotFoundError
     except ImportError as error:  # pragma: no cover - huggingface_hub comes with `datasets`, a dependency
         raise ReplayError("loading a replay set from the hub needs huggingface_hub (pip install huggingface_hub)") from error
     try:
-        return Path(snapshot_download(repo_id=repo_id, repo_type="dataset"))
+        return Path(snapshot_download(repo_id=repo_id, repo_type="dataset", revision=revision or None))
     except LocalEntryNotFoundError as error:
-        raise ReplayError(f"replay set {HUB_PREFIX}{repo_id} is not in the local hub cache and the hub cannot be "
+        raise ReplayError(f"replay set {HUB_PREFIX}{spec} is not in the local hub cache and the hub cannot be "
                           "reached (offline?); download it once with network access, or pass a local folder") from error
+    except RevisionNotFoundError as error:
+        raise ReplayError(f"replay set {HUB_PREFIX}{repo_id} has no revision {revision!r}: name a branch, tag or "
+                          "commit of the dataset repository") from error
+    except HFValidationError as error:
+        raise ReplayError(f"{HUB_PREFIX}{spec} is not a hub dataset id ({error}): {form}") from error
 
 
 class ReplaySet:
@@ -227,7 +261,7 @@ class ReplaySet:
         self.card = ReplayCard.from_json(card_file.read_text(encoding="utf-8"), str(card_file))
         self.records: dict[str, dict[str, Any]] = {}
         self._found: dict[tuple[Any, ...], Completion] = {}
-        for record in read_records(self.path):
+        for record in read_records(self.path, self.card):
             self.records[record["key"]] = record
 
     def __len__(self) -> int:
@@ -272,7 +306,7 @@ class ReplaySet:
                               f"format {config.request_format}; pass request_format={card.request_format} "
                               "(replay_env() does)")
         if getattr(task, "name", None) != card.task:
-            raise ReplayError(f"{where} records task {card.task!r}, not {getattr(task, 'name', task)!r}")
+            raise ReplayError(task_mismatch(card, where, getattr(task, "name", task)))
         if prompt_fingerprint(task) != card.prompt_fingerprint:
             raise ReplayError(f"{where} was recorded with other prompts (task_kwargs {card.task_kwargs}); build the "
                               "env with deliberation_env.replay_env(), or record the set again for these prompts")
@@ -290,7 +324,7 @@ class ReplaySet:
         if config.streams != card.streams:
             raise ReplayError(f"{where} holds {card.streams} stream(s) per problem; the env has streams={config.streams}")
         if split not in card.splits:
-            raise ReplayError(f"{where} has no split {split!r}; it has {sorted(card.splits)}")
+            raise ReplayError(split_mismatch(card, where, split))
         by_id = {problem.id: problem for problem in task.problems(split)}
         problems = []
         for problem_id in card.splits[split]:
@@ -308,27 +342,35 @@ class ReplaySet:
         return problems
 
 
+def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
+    """The error of an env that asks a replay set for another task than the recorded one."""
+    return (f"{where} records task {card.task!r} with task_kwargs {card.task_kwargs}, not {task!r}: drop task= and "
+            f"task_kwargs= (replay_env() builds the recorded task), or record a set for {task!r} with "
+            f"`python -m deliberation_env.record --task {task} ...`")
+
+
+def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
+    """The error of an env that asks a replay set for a split it did not record."""
+    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}: pass one of them as split=, or "
+            f"record {split!r} into the set with `python -m deliberation_env.record --split {split} ...` (the card's "
+            "commands show the other flags)")
+
+
 def chunk_files(path: Path) -> list[Path]:
-    return sorted((path / "chunks").glob("*.jsonl.gz"))
+    return sorted((path / "chunks").glob("*.parquet"))
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every record of a set's finished chunks."""
-    for chunk in chunk_files(path):
-        with gzip.open(chunk, "rt", encoding="utf-8") as stream:
-            for line in stream:
-                if line.strip():
-                    yield json.loads(line)
-
-
-def write_chunk(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
-    """Write a chunk file atomically (a reader never sees half of one). ``mtime=0`` keeps the bytes reproducible."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as stream:
-        for record in records:
-            stream.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
-    os.replace(partial, path)
+def read_records(path: Path, card: ReplayCard | None = None, *, strict: bool = True) -> Iterator[dict[str, Any]]:
+    """Every record of a set's chunks, after checking each file against the card (``format.verify``: present,
+    sha256, record count; ``strict``: no chunk the card does not list). ReplayError naming the damaged file."""
+    if card is None:
+        card = load_card(path)
+    try:
+        chunks = verify(path, card.files, strict=strict)
+    except DamagedSet as error:
+        raise ReplayError(f"replay set {card.name!r} ({path}): {error}") from error
+    for chunk in chunks:
+        yield from read_chunk(chunk)
 
 
 def write_card(path: Path, card: ReplayCard) -> None:

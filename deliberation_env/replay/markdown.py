@@ -9,20 +9,40 @@ from deliberation_env.replay.dataset import ReplayCard
 _TARGETS = {"rule": "the `concede_target` rule's peer only", "all": "every peer holding another answer (any rule)"}
 
 
+def hub_configs(card: ReplayCard) -> list[str]:
+    """The README's YAML header: the hub viewer's and ``datasets.load_dataset``'s two configs, one split each."""
+    lines = ["---", "configs:"]
+    for config, pattern in (("completions", "chunks/{}-*.parquet"), ("problems", "problems/{}.parquet")):
+        lines += [f"- config_name: {config}", *(["  default: true"] if config == "completions" else []),
+                  "  data_files:"]
+        for split in card.splits:
+            lines += [f"  - split: {split}", f"    path: {pattern.format(split)}"]
+    return [*lines, "---", ""]
+
+
 def card_markdown(card: ReplayCard) -> str:
     stats = card.stats
+    weights = card.weights
+    hashed = (f"`{weights.get('file')}`, sha256 `{weights['sha256']}`, {weights.get('bytes', 0):,} bytes, from "
+              f"{weights.get('source') or 'an unnamed source'} ({weights.get('license') or 'license not given'})"
+              if weights.get("sha256") else f"not hashed: {weights.get('reason', 'not recorded')}")
     lines = [
+        *hub_configs(card),
         f"# Replay set `{card.name}`",
         "",
         "A real model's whole deliberation tree, recorded once with `deliberation_env` "
-        "(format: docs/replay.md of the project). Each line of `chunks/*.jsonl.gz` is one completion.",
+        "(format: docs/replay.md of the project). Each row of `chunks/*.parquet` is one completion; "
+        "`problems/<split>.parquet` holds each problem's question, gold answer, level and solve prompt.",
         "",
         "| | |",
         "|---|---|",
         f"| model | `{card.model}` |",
+        f"| weights | {hashed} |",
         f"| backend | `{card.backend}` |",
+        f"| library versions | {', '.join(f'{k} {v}' for k, v in card.versions.items()) or 'not recorded'} |",
         f"| task | `{card.task}` with `{json.dumps(card.task_kwargs)}` (prompt fingerprint `{card.prompt_fingerprint}`) |",
         f"| env settings | `{json.dumps(card.settings)}`, {card.rounds} round(s) |",
+        f"| sampling | `{json.dumps({k: v for k, v in card.sampling.items() if not isinstance(v, str)})}` |",
         f"| confidence sources | {', '.join(card.confidence_sources)} (replay default: {card.confidence}) |",
         f"| streams | {card.streams} per problem (an episode seed picks stream `seed % {card.streams}`) |",
         f"| coverage | {stats.get('coverage', '')}{' (partial)' if card.partial else ''} |",
@@ -41,8 +61,11 @@ def card_markdown(card: ReplayCard) -> str:
     ]
     for level, row in stats.get("solve_accuracy_by_level", {}).items():
         lines.append(f"| {level} | {row['solves']} | {row['accuracy']:.3f} |")
-    if card.notes:
-        lines += ["", "## Known limits", "", *[f"- {note}" for note in card.notes]]
+    foreign = {name: entry["model"] for name, entry in card.files.items() if entry.get("model", card.model) != card.model}
+    if card.notes or foreign:
+        lines += ["", "## Known limits", "", *[f"- {note}" for note in card.notes],
+                  *[f"- `{name}` holds completions of another model, `{model}`, written back by a replay fallback."
+                    for name, model in foreign.items()]]
     lines += ["", "Problem ids per split are in `card.json` (`splits`). Made with:", ""]
     lines += [f"    {command}" for command in card.commands]
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ round, ``branch_limit=K`` keeps K of each state's joint actions, drawn with a se
 and all-REFINE always among them): a documented, bounded tree, marked ``partial`` in the set's card.
 
 Nothing is lost on interruption: each backend answer is appended to ``chunks/<chunk>.partial.jsonl``
-at once, and a finished chunk becomes ``chunks/<chunk>.jsonl.gz`` (then the card lists its problems).
+at once, and a finished chunk becomes ``chunks/<chunk>.parquet`` (then the card lists it and its problems).
 A rerun skips finished chunks and reuses the partial file.
 """
 
