@@ -88,13 +88,13 @@ def report_user_errors(prog: str) -> Callable[[Callable[..., Result]], Callable[
 
 
 # ----------------------------------------------------------------------------- argparse value checks
-def _number(kind: type, minimum: float, text: str, strict: bool = False):
+def _number(kind: type, minimum: float, text: str):
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if value != value or (value <= minimum if strict else value < minimum):  # value != value: NaN
-        raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {minimum:g}")
+    if value != value or value < minimum:  # value != value: NaN
+        raise argparse.ArgumentTypeError(f"{text} must be >= {minimum:g}")
     return value
 
 
@@ -111,11 +111,6 @@ def nonnegative_int(text: str) -> int:
 def nonnegative_float(text: str) -> float:
     """argparse type: a number >= 0."""
     return _number(float, 0.0, text)
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    return _number(float, 0.0, text, strict=True)
 
 
 def key_value(text: str) -> tuple[str, Any]:

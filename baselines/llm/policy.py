@@ -161,9 +161,6 @@ class TeamPolicy:
             for key, parameter in mine.items():
                 parameter.copy_(state[key])
 
-    def group_of(self, agent: int) -> int:
-        return 0 if self.weights == "shared" else agent
-
     def encode(self, request: Request) -> list[int]:
         return self.backends[request.agent].encode(request)
 

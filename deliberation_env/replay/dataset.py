@@ -273,13 +273,6 @@ class ReplaySet:
     def problem_counts(self) -> dict[str, int]:
         return {split: len(ids) for split, ids in self.card.splits.items()}
 
-    def solve_record(self, problem_id: str, stream: int, agent: int) -> dict[str, Any]:
-        """The recorded round-0 solution of one agent (with its token log-probabilities), for offline features."""
-        if not hasattr(self, "_solves"):
-            self._solves = {(r["problem"], r["stream"], r["agent"]): r for r in self.records.values()
-                            if r["kind"] == "solve" and r["round"] == 0}
-        return self._solves[problem_id, stream, agent]
-
     def lookup(self, request: Request) -> Completion | None:
         """The recorded completion of ``request``, or None. Found completions are remembered by what determines
         them (hashing the request's JSON is most of a lookup's cost); Completions are frozen, so sharing is safe."""
