@@ -46,7 +46,7 @@ from _results import RESULTS, command_line, save_markdown, wilson_interval  # no
 import deliberation_env  # noqa: E402
 from baselines.evaluation.evaluate import ACTION_NAMES, PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
 from deliberation_env.analysis.traces import TraceWriter  # noqa: E402
-from deliberation_env.backends.cache import request_key  # noqa: E402
+from deliberation_env.backends.cache import cache_key  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol  # noqa: E402
@@ -109,7 +109,7 @@ class KeyRecorder:
         self._identity = inner.identity()
 
     def generate(self, requests):
-        self.keys.update(request_key(self._identity, r) for r in requests)
+        self.keys.update(cache_key(self._identity, r) for r in requests)
         return self.inner.generate(requests)
 
     def __getattr__(self, name: str):

@@ -12,7 +12,7 @@ import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Message, Request
-from deliberation_env.backends.cache import request_key
+from deliberation_env.backends.cache import cache_key
 from deliberation_env.backends.openai import BackendError, OpenAICompatibleBackend
 from deliberation_env.testing.servers import Inflight, LoopbackServer
 from deliberation_env.vector import BatchedEnvs
@@ -194,5 +194,5 @@ def test_routing_and_concurrency_do_not_change_episodes(fleet):
         backend.close()
     assert runs[0] == runs[1]
     request = _requests(1, 1)[0]
-    assert request_key("m", request) == request_key("m", replace(request, episode=12345))  # not in the cache key
+    assert cache_key("m", request) == cache_key("m", replace(request, episode=12345))  # not in the cache key
     assert request == replace(request, episode=None)

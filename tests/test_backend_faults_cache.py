@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import deliberation_env
 from deliberation_env.backends.base import Completion, Message, Request
-from deliberation_env.backends.cache import READ_ONLY_ENV, CachedBackend, CacheError, CacheWriteWarning, request_key
+from deliberation_env.backends.cache import READ_ONLY_ENV, CachedBackend, CacheError, CacheWriteWarning, cache_key
 
 SURROGATES = "lone \ud800 high, \udfff low, \ud83d\ude00 a pair"
 
@@ -53,7 +53,7 @@ def _old_request_key(identity: str, request: Request) -> str:
 def test_request_key_is_the_old_formula(identity, contents, seed, temperature, max_tokens, logprobs):
     request = Request(tuple(Message("user", c) for c in contents), "critic", 1, seed, max_tokens=max_tokens,
                       temperature=temperature, logprobs=logprobs)
-    assert request_key(identity, request) == _old_request_key(identity, request)
+    assert cache_key(identity, request) == _old_request_key(identity, request)
 
 
 def test_lone_surrogates_are_stored_and_replayed_equal(tmp_path):
@@ -189,7 +189,7 @@ def test_token_logprobs_replay_and_files_without_their_column(tmp_path):
     with sqlite3.connect(old) as conn:  # a cache written before Completion.token_logprobs existed
         conn.execute(OLD_SCHEMA)
         conn.execute("INSERT INTO completions VALUES (?, 'old answer', 3, 2, NULL, 'stop', 0)",
-                     (request_key("echo", _requests([7])[0]),))
+                     (cache_key("echo", _requests([7])[0]),))
     conn.close()
     for read_only in (True, False):
         assert CachedBackend(Echo(), old, read_only=read_only).generate(_requests([7]))[0].text == "old answer"

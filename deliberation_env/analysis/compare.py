@@ -8,7 +8,7 @@
    cannot be replayed from a set of several) on the set's train split, on replay, traced;
 2. fits the sim to those traces (``sim_fit.fit``);
 3. plays the same protocols on the test split, on replay (the real model) and on the fitted sim, with
-   the same problems and episode seeds (``episode_seed``: a replay set with S sample streams answers
+   the same problems and episode seeds (``comparison_seed``: a replay set with S sample streams answers
    seed s with stream s % S; the sim draws afresh for every seed, so more seeds than streams average
    out the sim's noise);
 4. writes ``report.md``, ``report.json``, ``report.png``, the fitted ``sim.json`` and the three traces
@@ -45,7 +45,7 @@ SHOWN_KNOBS = ("skills", "difficulty_weight", "level_offsets", "problem_spread",
                "sycophancy", "copy_peer", "refine_break", "confidence_right", "confidence_wrong", "confidence_noise")
 
 
-def episode_seed(problem: int, k: int, seeds: int, streams: int) -> int:
+def comparison_seed(problem: int, k: int, seeds: int, streams: int) -> int:
     """The seed of the k-th episode (of ``seeds``) on the problem at this position: distinct per episode (the sim
     draws from the request's seed alone, so problems sharing a seed would share their draws), and k modulo the
     replay set's ``streams``, so that k = 0..streams-1 play every recorded stream."""
@@ -55,12 +55,12 @@ def episode_seed(problem: int, k: int, seeds: int, streams: int) -> int:
 def play_protocols(make_env: Callable[[str], Any], protocols: Sequence[str], seeds: int, streams: int,
                    problems: Sequence[Any] | None = None) -> None:
     """Every protocol on every problem of its env (``make_env(name)``, traced with that label), or on
-    ``problems``, ``seeds`` episodes each (``episode_seed``)."""
+    ``problems``, ``seeds`` episodes each (``comparison_seed``)."""
     for name in protocols:
         env, protocol = make_env(name), make_protocol(name)
         for position, problem in enumerate(problems if problems is not None else env.problems):
             for k in range(seeds):
-                play_episode(env, protocol, problem, episode_seed(position, k, seeds, streams))
+                play_episode(env, protocol, problem, comparison_seed(position, k, seeds, streams))
 
 
 def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike[str], seeds: int = DEFAULT_SEEDS,

@@ -62,7 +62,7 @@ _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # json.dump
 
 
 class _KeyHasher:
-    """``request_key`` with the identity's part of the hash computed once.
+    """``cache_key`` with the identity's part of the hash computed once.
 
     The hashed text is exactly the JSON of ``{"identity", "messages", "params", "seed"}`` with sorted
     keys: the identity comes first, so ``{"identity":...,`` is hashed once and the rest, one JSON
@@ -80,7 +80,7 @@ class _KeyHasher:
         return digest.hexdigest()
 
 
-def request_key(identity: str, request: Request) -> str:
+def cache_key(identity: str, request: Request) -> str:
     """The cache key of a request for a backend of the given identity."""
     return _KeyHasher(identity)(request)
 
