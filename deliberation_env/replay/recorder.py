@@ -36,7 +36,7 @@ from deliberation_env.core.seeds import mix_seed
 from deliberation_env.replay.dataset import completion_for, record_of, request_key, rich_request
 from deliberation_env.tasks.base import Problem, Task
 
-Move = tuple[Action, "int | None"]
+Move = tuple[Action, int | None]
 """One agent's move: its meta-action and, for a CONCEDE, the peer it adopts (None: the config's rule picks)."""
 Prefix = tuple[tuple[Move, ...], ...]
 
