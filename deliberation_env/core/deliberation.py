@@ -84,8 +84,8 @@ class DeliberationConfig:
     critic_temperature: float = 0.0
     streams: int | None = None
     """When set, every episode draws its generations from one of this many sample streams per problem: the
-    episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream, problem id)``. Replay sets record S
-    streams per problem and set this to S; None (the default) uses the episode seed itself."""
+    episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream, problem id)``. Replay sets
+    record S streams per problem and set this to S; None (the default) uses the episode seed itself."""
     request_format: int = REQUEST_FORMAT
     """How stream seeds are derived (``REQUEST_FORMAT``); only replay sets recorded under an older format set it."""
     features: str = "v1"
