@@ -106,7 +106,7 @@ class ReplayBackend:
                 completions[i] = self.set.lookup(requests[i])
             if self.write_back:
                 # named <split>-... so that the README's per-split data files take it in
-                name = f"chunks/{self.split or 'unknown'}-fallback-{time.time_ns()}.parquet"
+                name = f"chunks/{self.split}-fallback-{time.time_ns()}.parquet"
                 entry = write_chunk(self.set.path / name, records)
                 entry["model"] = self.fallback.identity()  # these records' model (the card's, or fallback_model)
                 self.set.card.files[name] = entry
@@ -140,27 +140,24 @@ class ReplayBackend:
                 f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
 
 
-def replay_backends(backend: Any) -> list[ReplayBackend]:
-    """The replay backends in a backend and the backends it wraps (a wrapper exposes its backend as ``inner``).
+def replay_backend(backend: Any) -> ReplayBackend | None:
+    """The replay backend a backend is or wraps (a wrapper exposes its backend as ``inner``), or None.
 
     A replay backend under a cache is refused: replay needs no cache, and a cache shared with a live run of the same
     model could answer a replayed request with a live completion."""
-    found, wrappers = [], []
-    while backend is not None:
-        if isinstance(backend, ReplayBackend):
-            found.append(backend)
-            break
+    wrappers = []
+    while backend is not None and not isinstance(backend, ReplayBackend):
         wrappers.append(type(backend).__name__)
         backend = getattr(backend, "inner", None)
-    if found and "CachedBackend" in wrappers:
-        raise ReplayError(f"replay set {found[0].set.card.name!r} under a cache (cache=): replay answers from the set "
+    if backend is not None and "CachedBackend" in wrappers:
+        raise ReplayError(f"replay set {backend.set.card.name!r} under a cache (cache=): replay answers from the set "
                           "itself and needs none; drop cache=")
-    return found
+    return backend
 
 
 def bind_replay(backends: Sequence[Any], task: Task, config: DeliberationConfig, split: str) -> Binding | None:
     """The binding of the env's replay backends, also under wrappers (all must agree), or None when none replays."""
-    replays = {id(r): r for b in backends for r in replay_backends(b)}
+    replays = {id(r): r for r in map(replay_backend, backends) if r is not None}
     bindings = [replay.bind(task, config, split) for replay in replays.values()]
     if not bindings:
         return None
