@@ -13,21 +13,13 @@ from pettingzoo.utils import wrappers as pz_wrappers  # not `wrappers`: our subm
 
 from deliberation_env.core.deliberation import Action
 from deliberation_env.env import DeliberationEnv
+from deliberation_env.make import parallel_env, replay_env
 from deliberation_env.registry import BACKENDS, TASKS
-from deliberation_env.replay import replay_env
 from deliberation_env.text import TextDeliberationEnv, text_env
 
 __version__ = "0.1.0"
 
 raw_env = DeliberationEnv
-
-
-def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int = 3, max_rounds: int = 3,
-                 data_dir: str | None = None, split: str = "test", render_mode: str | None = None,
-                 **options: Any) -> DeliberationEnv:
-    """The deliberation environment, PettingZoo Parallel API (see ``deliberation_env.env``)."""
-    return DeliberationEnv(task=task, backend=backend, num_agents=num_agents, max_rounds=max_rounds,
-                           data_dir=data_dir, split=split, render_mode=render_mode, **options)
 
 
 def env(**kwargs: Any):

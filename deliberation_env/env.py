@@ -48,7 +48,7 @@ and docs/interop.md for each RL library's recipe).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import gymnasium
@@ -61,17 +61,18 @@ from deliberation_env.backends.grouping import generate_by_backend
 from deliberation_env.core import features
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
 from deliberation_env.formats import ObservationFormat
-from deliberation_env.registry import BACKENDS, TASKS
+from deliberation_env.options import CONFIG_KEYWORDS, FLAT_KEYWORDS, WRAPPER_KEYWORDS, env_parts
 from deliberation_env.replay.backend import bind_replay
 from deliberation_env.tasks.base import Problem, Task
 
-INVALID_ACTION_MODES = ("raise", "persist")
-_ENV_OPTIONS = frozenset(f.name for f in fields(DeliberationConfig)) - {"num_agents", "max_rounds"}
-"""Keywords that go to ``DeliberationConfig`` (its fields; agents and rounds are named parameters of the env)."""
-
 
 class DeliberationEnv(ParallelEnv):
-    """The ParallelEnv adapter around ``core.Deliberation`` (see the module docstring)."""
+    """The ParallelEnv adapter around ``core.Deliberation`` (see the module docstring).
+
+    ``task``: a Task or a registered name; ``backend``: a Backend, a list of one per agent, or a registered name;
+    ``config``: the ``DeliberationConfig`` (agents, rounds, rewards, sampling); ``format``: the ``ObservationFormat``.
+    The flat keywords of ``parallel_env`` (``num_agents=``, ``observation=``, ``cache=``, ...; ``options.py``) are
+    accepted here too and mapped onto these parts by ``options.env_parts``."""
 
     metadata: dict[str, Any] = {"name": "deliberation_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
 
@@ -79,47 +80,24 @@ class DeliberationEnv(ParallelEnv):
         self,
         task: str | Task = "arithmetic",
         backend: str | Backend | Sequence[Backend] = "sim",
-        num_agents: int = 3,
-        max_rounds: int = 3,
-        data_dir: str | None = None,
+        config: DeliberationConfig | None = None,
         split: str = "test",
         render_mode: str | None = None,
         *,
-        invalid_action: str | None = None,
-        observation: str = "dict",
-        action_mask: str = "observation",
-        action_mask_key: str = "action_mask",
-        observation_key: str = "observation",
-        infos: str = "full",
-        max_cycles: int | None = None,
+        format: ObservationFormat | None = None,
         agent_names: Sequence[str] | None = None,
-        task_kwargs: Mapping[str, Any] | None = None,
-        backend_kwargs: Mapping[str, Any] | None = None,
-        cache: str | None = None,
-        trace: Any = None,
-        trace_label: str | None = None,
+        invalid_action: str | None = None,
         **options: Any,
     ):
-        unknown = sorted(set(options) - _ENV_OPTIONS)
+        unknown = sorted(set(options) - {*FLAT_KEYWORDS, *CONFIG_KEYWORDS, *WRAPPER_KEYWORDS})
         if unknown:
             raise TypeError(f"unknown option(s) {unknown}; accepted: {', '.join(accepted_options())}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
-        if invalid_action is None:  # a learner fed a flat vector cannot mask: masked actions become PERSIST
-            invalid_action = "persist" if observation == "flat" else "raise"
-        if invalid_action not in INVALID_ACTION_MODES:
-            raise ValueError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
-        if max_cycles is not None:  # PettingZoo's name for the episode length (its max_cycles_test passes it)
-            if max_rounds not in (3, max_cycles):
-                raise ValueError(f"max_cycles={max_cycles!r} and max_rounds={max_rounds!r} disagree; pass only one")
-            max_rounds = max_cycles
-        self.config = DeliberationConfig(num_agents=num_agents, max_rounds=max_rounds, **options)
-        width = features.num_features(self.config.features)
-        self.format = ObservationFormat(num_agents, observation, action_mask, action_mask_key, observation_key, infos,
-                                        width)
-        self.task = self._make_task(task, data_dir, dict(task_kwargs or {}))
-        self.split = split
-        self.backends = self._make_backends(backend, dict(backend_kwargs or {}), cache)
+        parts = env_parts(task, backend, config, format, invalid_action, options)
+        self.task, self.backends, self.config = parts.task, parts.backends, parts.config
+        self.format, self.invalid_action = parts.format, parts.invalid_action
+        self.split, self.render_mode = split, render_mode
         # before the task's problems: a replay set names a task or split it lacks, instead of the task failing
         binding = bind_replay(self.backends, self.task, self.config, split)
         if binding is not None:  # a replay set: its recorded problems and its sample streams
@@ -127,56 +105,22 @@ class DeliberationEnv(ParallelEnv):
         self.problems: Sequence[Problem] = self.task.problems(split) if binding is None else binding.problems
         if len(self.problems) == 0:
             raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
-        self.render_mode = render_mode
-        self.invalid_action = invalid_action
 
+        num_agents, width = self.config.num_agents, features.num_features(self.config.features)
         self.possible_agents = _agent_names(agent_names, num_agents)
         self.agents: list[str] = []
         self._index = {name: i for i, name in enumerate(self.possible_agents)}
-        self.observation_spaces = {agent: self.format.space for agent in self.possible_agents}
+        space = self.format.space(num_agents, width)
+        self.observation_spaces = {agent: space for agent in self.possible_agents}
         self.state_space = gymnasium.spaces.Box(0.0, 1.0, (num_agents * width,), np.float32)
         self.action_spaces = {agent: gymnasium.spaces.Discrete(len(Action)) for agent in self.possible_agents}
         self.deliberation = Deliberation(self.task, self.config)
         self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]
         self._peer_matrix = np.array(self._peers, dtype=np.intp).reshape(num_agents, num_agents - 1)
         self.np_random, self.np_random_seed = seeding.np_random(None)
-        self._last: RoundOutcome | None = None
+        self.last_outcome: RoundOutcome | None = None
+        """The outcome of the last step (rewards and their components per agent); None before an episode's first."""
         self._last_actions: list[Action | None] = [None] * num_agents
-        self._recorder = None
-        if trace is not None:  # episode traces (deliberation_env.analysis.traces); nothing to pay without them
-            from deliberation_env.analysis.traces import EpisodeRecorder
-
-            self._recorder = EpisodeRecorder(self, trace, trace_label, dict(task_kwargs or {}))
-
-    # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _make_task(task: str | Task, data_dir: str | None, kwargs: dict[str, Any]) -> Task:
-        if isinstance(task, str):
-            return TASKS.make(task, data_dir=data_dir, **kwargs)
-        for method in ("problems", "extract_answer", "grade", "solve_messages", "refine_messages", "critic_messages"):
-            if not callable(getattr(task, method, None)):
-                raise TypeError(f"task must be a registered name or a Task object; {task!r} has no {method}()")
-        return task
-
-    def _make_backends(self, backend: Any, kwargs: dict[str, Any], cache: str | None) -> list[Backend]:
-        count = self.config.num_agents
-        if isinstance(backend, str):
-            backends = [BACKENDS.make(backend, **kwargs)] * count
-        elif isinstance(backend, Sequence):
-            backends = list(backend)
-            if len(backends) != count:
-                raise ValueError(f"backend list has {len(backends)} entries but num_agents is {count}: give one per agent")
-        else:
-            backends = [backend] * count
-        for item in backends:
-            if not callable(getattr(item, "generate", None)):
-                raise TypeError(f"backend must be a registered name ({', '.join(BACKENDS.names())}), a Backend or a list of Backends; got {item!r}")
-        if cache is not None:
-            from deliberation_env.backends.cache import CachedBackend
-
-            wrapped: dict[int, Backend] = {}
-            backends = [wrapped.setdefault(id(b), CachedBackend(b, cache)) for b in backends]
-        return backends
 
     # ------------------------------------------------------------------ PettingZoo API
     def observation_space(self, agent: str) -> gymnasium.spaces.Space:
@@ -216,29 +160,24 @@ class DeliberationEnv(ParallelEnv):
     def begin_reset(self, problem: Problem, episode_seed: int) -> None:
         self.agents = []  # until end_reset: a reset that fails leaves no live agents of the old episode
         self.deliberation.start(problem, episode_seed)
-        self._last, self._last_actions = None, [None] * self.config.num_agents
+        self.last_outcome, self._last_actions = None, [None] * self.config.num_agents
 
     def end_reset(self):
         self.agents = list(self.possible_agents)
         observations = self._observations()
-        infos = self._infos(None)
-        if self._recorder is not None:
-            self._recorder.record_round(None)
-        return observations, infos
+        return observations, self._infos(None)
 
     def begin_step(self, actions: Mapping[str, Any]) -> None:
         self.deliberation.begin_round(self._validate(actions))
 
     def end_step(self):
         outcome = self.deliberation.finish_round()
-        self._last = outcome
+        self.last_outcome = outcome
         observations = self._observations()
         rewards = {agent: outcome.rewards[i] for i, agent in enumerate(self.agents)}
         terminations = {agent: outcome.done for agent in self.agents}
         truncations = {agent: False for agent in self.agents}
         infos = self._infos(outcome)
-        if self._recorder is not None:
-            self._recorder.record_round(outcome)
         if self.render_mode == "human":
             self.render()
         if outcome.done:
@@ -271,8 +210,6 @@ class DeliberationEnv(ParallelEnv):
         return text
 
     def close(self) -> None:
-        if self._recorder is not None:
-            self._recorder.close()
         for backend in {id(b): b for b in self.backends}.values():
             close = getattr(backend, "close", None)
             if callable(close):
@@ -418,12 +355,14 @@ def _agent_names(names: Sequence[str] | None, count: int) -> list[str]:
 
 
 def accepted_options() -> list[str]:
-    """Every keyword ``DeliberationEnv`` / ``parallel_env`` accepts (for error messages and docs)."""
+    """Every keyword ``parallel_env`` accepts: ``DeliberationEnv``'s parameters, then the flat keywords mapped onto
+    them (``options``), then ``DeliberationConfig``'s fields (for error messages and docs)."""
     import inspect
 
     named = [name for name, p in inspect.signature(DeliberationEnv.__init__).parameters.items()
              if name != "self" and p.kind is not p.VAR_KEYWORD]
-    return named + sorted(_ENV_OPTIONS)
+    flat = [name for name in (*FLAT_KEYWORDS, *WRAPPER_KEYWORDS) if name not in named]
+    return named + flat + sorted(set(CONFIG_KEYWORDS) - {*named, *flat})
 
 
 def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:

@@ -1,7 +1,8 @@
 """Observation and info formats chosen at construction, for RL libraries that need one shape.
 
-``DeliberationEnv(observation=..., action_mask=..., infos=...)`` builds one ``ObservationFormat``
-and formats every observation and info through it (docs/interop.md has a recipe per library):
+An env formats every observation and info through one ``ObservationFormat``: pass it as
+``DeliberationEnv(format=ObservationFormat(...))``, or the same keywords to ``parallel_env(observation=...,
+action_mask=..., infos=...)`` (docs/interop.md has a recipe per library):
 
 - ``observation="dict"`` (default): ``{"self", "peers", "agreement", "action_mask"}``.
 - ``observation="flat"``: one float32 Box vector ``[self, peers.ravel(), agreement, action_mask]``
@@ -14,7 +15,7 @@ and formats every observation and info through it (docs/interop.md has a recipe 
   become indices or -1), with the same keys every step, for libraries that stack infos into arrays.
 
 Every format carries F floats per agent, F the width of the env's feature set (``features="v1"``: 16,
-``"v2"``: 23; ``core.features``): ``ObservationFormat(width=F)``.
+``"v2"``: 23; ``core.features``): the env asks ``format.space(num_agents, F)`` for its observation space.
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ def _check(name: str, value: Any, allowed: Sequence[str]) -> None:
 
 
 class ObservationFormat:
-    """Builds the observation space once and converts the env's dict observations and infos to it."""
+    """How observations and infos look (independent of the env's size); converts the env's dict observations and
+    infos to it and gives the observation space of an env of ``num_agents`` agents and F features."""
 
-    def __init__(self, num_agents: int, observation: str = "dict", action_mask: str = "observation",
-                 action_mask_key: str = "action_mask", observation_key: str = "observation", infos: str = "full",
-                 width: int = features.NUM_FEATURES):
+    def __init__(self, observation: str = "dict", action_mask: str = "observation", action_mask_key: str = "action_mask",
+                 observation_key: str = "observation", infos: str = "full"):
         _check("observation", observation, OBSERVATION_MODES)
         _check("action_mask", action_mask, ACTION_MASK_PLACES)
         _check("infos", infos, INFO_MODES)
@@ -72,9 +73,14 @@ class ObservationFormat:
         self.mask_in_observation = action_mask in ("observation", "both")
         self.mask_in_info = action_mask in ("info", "both")
         self._flat_keys = (*FEATURE_KEYS, "action_mask") if self.mask_in_observation else FEATURE_KEYS
-        self.space = self._build_space(num_agents, width)
 
-    def _build_space(self, num_agents: int, width: int) -> gymnasium.spaces.Space:
+    def __repr__(self) -> str:
+        place = {(True, False): "observation", (False, True): "info", (True, True): "both"}
+        return (f"ObservationFormat({self.mode!r}, action_mask={place[self.mask_in_observation, self.mask_in_info]!r}, "
+                f"infos={self.infos!r})")
+
+    def space(self, num_agents: int, width: int = features.NUM_FEATURES) -> gymnasium.spaces.Space:
+        """The observation space of one agent of an env with ``num_agents`` agents and ``width`` features each."""
         peers = num_agents - 1
         mask = gymnasium.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8)
         if self.mode == "dict":

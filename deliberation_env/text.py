@@ -121,8 +121,8 @@ class TextDeliberationEnv(ParallelEnv):
                             "pass critic=BACKEND to have a backend answer the confidence (critic) calls")
         round_weights, self.turn_weights = text_rewards.split_weights(reward_weights)
         backend = _TextActions() if isinstance(critic, str) and critic == "agent" else critic
-        self.meta = DeliberationEnv(task, backend, num_agents, max_rounds, data_dir, split, render_mode,
-                                    reward_weights=round_weights, **options)
+        self.meta = DeliberationEnv(task, backend, split=split, render_mode=render_mode, num_agents=num_agents,
+                                    max_rounds=max_rounds, data_dir=data_dir, reward_weights=round_weights, **options)
         self.critic_by_backend = not isinstance(backend, _TextActions)
         self.meta_policy = _resolve_meta_policy(meta_policy)
         config = self.meta.config

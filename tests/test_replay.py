@@ -141,7 +141,7 @@ def test_a_miss_names_the_problem_round_agent_and_the_command(sim_set):
     env = sim_live(rounds=2)
     env.begin_episode(seed=0, options={"problem_index": 7})  # a test problem the set does not hold
     backend = ReplayBackend(dataset)
-    backend.split = "test"
+    backend.bind(env.task, env.config, "test")
     with pytest.raises(ReplayMiss) as caught:
         backend.generate(env.pending_requests())
     text = str(caught.value)

@@ -100,3 +100,46 @@ def test_a_fallback_of_another_model_is_refused_unless_named(sim_set, tmp_path):
     assert len(written) == 3 and len(fallback_files) == 1  # one file for the one write
     assert fallback_files[0]["model"] == other.identity() != card.model
     assert other.identity() in (copy / "README.md").read_text()
+
+
+def test_train_and_test_envs_on_one_replay_backend_play_interleaved_without_misses():
+    """The split belongs to each env's binding, not to the backend: two splits on one backend do not interfere."""
+    import numpy as np
+
+    from deliberation_env.replay import env_settings
+
+    backend = ReplayBackend("qwen05-arith-v2")
+    settings = env_settings(backend.set.card)
+    train = deliberation_env.parallel_env(backend=backend, split="train", **settings)
+    test = deliberation_env.parallel_env(backend=backend, split="test", **settings)
+    assert {p.id for p in train.problems}.isdisjoint(p.id for p in test.problems)
+    rng = np.random.default_rng(0)
+    episodes = 0
+    for index in range(len(test.problems)):
+        playing = [env for env in (train, test) if index < len(env.problems)]
+        observations = [env.reset(seed=index, options={"problem_index": index})[0] for env in playing]
+        while any(env.agents for env in playing):  # one round of each env in turn
+            for i, env in enumerate(playing):
+                if env.agents:
+                    actions = {a: int(rng.choice(np.flatnonzero(o["action_mask"]))) for a, o in observations[i].items()}
+                    observations[i] = env.step(actions)[0]
+        episodes += len(playing)
+    assert episodes == len(train.problems) + len(test.problems) and backend.hits > 0 and backend.misses == 0
+
+
+def test_the_integrity_check_runs_once_per_split_and_settings():
+    replay = ReplaySet("qwen05-arith-v2")
+    backend = ReplayBackend(replay)
+    settings = deliberation_env.replay.env_settings(replay.card)
+    for _ in range(3):
+        deliberation_env.parallel_env(backend=backend, split="test", **settings)
+    assert replay.checks_run == 1  # remembered: later envs on the same set, split and settings skip it
+    deliberation_env.parallel_env(backend=backend, split="train", **settings)
+    deliberation_env.parallel_env(backend=backend, split="train", observation="flat", **settings)  # no request setting
+    assert replay.checks_run == 2
+    deliberation_env.replay_env(replay, split="test", max_rounds=1)
+    assert replay.checks_run == 2  # replay_env on a loaded set shares its memory
+    with pytest.raises(ReplayError, match="max_tokens"):  # the comparisons with the card run every time
+        deliberation_env.parallel_env(backend=backend, split="test", **{**settings, "max_tokens": 7})
+    with pytest.raises(ReplayError, match="max_tokens"):
+        deliberation_env.parallel_env(backend=backend, split="test", **{**settings, "max_tokens": 7})

@@ -108,10 +108,25 @@ def test_each_episode_is_flushed_when_it_ends_and_a_cut_episode_is_not_written(t
     writer.close()
 
 
-def test_no_trace_no_recording():
+def test_no_trace_no_wrapper_and_the_core_keeps_one_round_of_requests():
     env = deliberation_env.parallel_env()
+    assert type(env) is deliberation_env.DeliberationEnv  # nothing records without trace=
     play(env, 0)
-    assert env.deliberation.request_log is None
+    last = env.deliberation.round_requests  # the last round's only: it does not grow with the episode
+    assert 0 < len(last) <= 2 * env.config.num_agents
+    assert sum(p + c for _, _, p, c in last) == sum(agent.step_tokens for agent in env.deliberation.agents)
+
+
+def test_the_trace_wrapper_wraps_any_env_and_deliberation_env_points_to_it(tmp_path):
+    from deliberation_env.analysis.traces import TraceWrapper
+
+    path = tmp_path / "t.jsonl"
+    env = TraceWrapper(deliberation_env.DeliberationEnv(max_rounds=1), str(path), "direct")
+    play(env, 0)
+    env.close()
+    assert [episode.label for episode in read_traces(path)] == ["direct"]
+    with pytest.raises(TypeError, match="TraceWrapper"):
+        deliberation_env.DeliberationEnv(trace=str(path))
 
 
 def test_bad_trace_option_is_a_clear_error(tmp_path):

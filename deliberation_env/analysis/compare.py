@@ -69,8 +69,8 @@ def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike
 
     ``fixed``: knobs held at the given values instead of fitted (e.g. ``{"problem_spread": 0.0}``)."""
     from deliberation_env.backends.sim import SimBackend, load_sim_config
-    from deliberation_env.env import DeliberationEnv
-    from deliberation_env.replay import ReplaySet, env_settings, replay_env
+    from deliberation_env.make import parallel_env, replay_env
+    from deliberation_env.replay import ReplaySet, env_settings
 
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -102,8 +102,8 @@ def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike
     test_problems = replay_env(replay, split="test").problems
     backend = SimBackend(config)
     with TraceWriter(paths["test_sim"]) as writer:
-        play_protocols(lambda name: DeliberationEnv(backend=backend, split="test", trace=writer, trace_label=name,
-                                                    **env_settings(card)),
+        play_protocols(lambda name: parallel_env(backend=backend, split="test", trace=writer, trace_label=name,
+                                                 **env_settings(card)),
                        REPLAY_PROTOCOLS, seeds, card.streams, problems=test_problems)
     real, sim = read_traces(paths["test_real"]), read_traces(paths["test_sim"])
     result = _result(card, real, sim, config, notes, seeds, fixed or {})

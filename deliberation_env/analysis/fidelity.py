@@ -63,7 +63,7 @@ def _episode_tokens(episode: Episode) -> int:
 def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, trace_path: Path) -> tuple[list[Episode], list[str]]:
     """Play each episode's protocol on the sim with the episode's problem and seed; returns (sim episodes, notes)."""
     from deliberation_env.backends.sim import SimBackend
-    from deliberation_env.env import DeliberationEnv
+    from deliberation_env.make import parallel_env
 
     backend = SimBackend(config=sim_config)
     notes: list[str] = []
@@ -84,7 +84,7 @@ def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, tr
             key = repr((episode.task, sorted(episode.task_settings.items()), episode.split, episode.num_agents,
                         episode.max_rounds, sorted(options.items()), episode.label))
             if key not in envs:
-                env = DeliberationEnv(
+                env = parallel_env(
                     task=episode.task, task_kwargs=episode.task_settings, split=episode.split, backend=backend,
                     num_agents=episode.num_agents, max_rounds=episode.max_rounds, trace=writer,
                     trace_label=episode.label, **options)
@@ -98,7 +98,8 @@ def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, tr
 
 
 def play_episode(env: Any, protocol: Any, problem: Any, seed: int) -> None:
-    """Play one episode of ``protocol`` on ``env`` (a ``DeliberationEnv``) with this problem and episode seed."""
+    """Play one episode of ``protocol`` on ``env`` (a ``DeliberationEnv``, or one in a ``TraceWrapper``) with this
+    problem and episode seed."""
     protocol.reset(seed % 2**32)
     env.begin_reset(problem, seed)
     env.run_pending()

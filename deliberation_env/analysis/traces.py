@@ -1,13 +1,16 @@
 """Episode traces: one JSON line per finished episode, and a strict reader.
 
     env = deliberation_env.parallel_env(backend=..., trace="traces.jsonl", trace_label="debate")
+    env = TraceWrapper(deliberation_env.parallel_env(backend=...), "traces.jsonl", "debate")   # the same
     episodes = read_traces("traces.jsonl")         # list[Episode]
 
 A trace records what a run did and what it cost, per round and agent, so that the simulator
-can be calibrated on it (``deliberation_env.analysis.calibrate``). ``trace=`` takes a path (the env opens
+can be calibrated on it (``deliberation_env.analysis.calibrate``). ``trace=`` takes a path (the wrapper opens
 it in append mode and closes it in ``env.close()``) or a ``TraceWriter`` that many envs of one
-process share. Each episode is written and flushed when it ends, so a killed run keeps every
-finished episode; an episode cut short (a reset before its end) is not written.
+process share. ``TraceWrapper`` reads the env through its public state: ``deliberation`` (each round's
+requests and their token counts are in ``deliberation.round_requests``), ``last_actions`` and ``last_outcome``.
+Each episode is written and flushed when it ends, so a killed run keeps every finished episode; an
+episode cut short (a reset before its end) is not written.
 The fields are documented in ``docs/calibration.md``.
 """
 
@@ -22,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, get_args
+
+from pettingzoo.utils.wrappers import BaseParallelWrapper
 
 from deliberation_env.backends.base import RequestKind
 from deliberation_env.core.deliberation import Action
@@ -147,36 +152,66 @@ def task_settings(task: Any, task_kwargs: dict[str, Any]) -> dict[str, Any]:
     return safe
 
 
-class EpisodeRecorder:
-    """Built by ``DeliberationEnv(trace=...)``: collects each round, writes the episode when it ends."""
+class TraceWrapper(BaseParallelWrapper):
+    """A ``DeliberationEnv`` that writes each finished episode to a trace (``parallel_env(trace=...)`` makes it).
 
-    def __init__(self, env: Any, trace: str | os.PathLike | TraceWriter, label: str | None,
-                 task_kwargs: dict[str, Any]):
+    ``trace``: a path (opened in append mode, closed by ``close()``) or a shared ``TraceWriter``; ``label`` tags its
+    episodes; ``task_kwargs``: the task's keywords, recorded with the task's own settings. Every stepping path goes
+    through it: ``reset``/``step``, and the phased ``end_reset``/``end_step`` that batching runners call."""
+
+    def __init__(self, env: Any, trace: str | os.PathLike | TraceWriter, label: str | None = None,
+                 task_kwargs: Mapping[str, Any] | None = None):
         if isinstance(trace, TraceWriter):
-            self.writer, self._owned = trace, False
+            writer, owned = trace, False
         elif isinstance(trace, (str, os.PathLike)):
-            self.writer, self._owned = TraceWriter(trace), True
+            writer, owned = TraceWriter(trace), True
         else:
             raise TypeError(f"trace must be a path or a TraceWriter, got {type(trace).__name__}")
         if label is not None and not isinstance(label, str):
             raise TypeError(f"trace_label must be a string, got {type(label).__name__}")
-        self.env, self.label = env, label
-        self._settings = task_settings(env.task, task_kwargs)
-        self._backends = tuple(_identity(b) for b in env.backends)
-        self._options = {k: v for k, v in asdict(env.config).items() if k not in ("num_agents", "max_rounds")}
-        self._options["reward_weights"] = dict(self._options["reward_weights"])
-        self._rounds: list[Round] = []
-        env.deliberation.request_log = []
+        super().__init__(env)
+        self.writer, self.label, self.owns_writer = writer, label, owned
+        self.task_settings = task_settings(env.task, dict(task_kwargs or {}))
+        self.backend_ids = tuple(_identity(b) for b in env.backends)
+        self.options = {k: v for k, v in asdict(env.config).items() if k not in ("num_agents", "max_rounds")}
+        self.options["reward_weights"] = dict(self.options["reward_weights"])
+        self.rounds: list[Round] = []
+        """The rounds of the episode in progress."""
 
-    def record_round(self, outcome: Any) -> None:
-        """Called at the end of reset (outcome None: round 0) and of every step."""
+    def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        self.env.begin_episode(seed, options)
+        self.env.run_pending()
+        return self.end_reset()
+
+    def step(self, actions: Mapping[str, Any]):
+        self.env.begin_step(actions)
+        self.env.run_pending()
+        return self.end_step()
+
+    def end_reset(self):
+        result = self.env.end_reset()
+        self.rounds = []
+        self._record_round(None)
+        return result
+
+    def end_step(self):
+        result = self.env.end_step()
+        self._record_round(self.env.last_outcome)
+        return result
+
+    def render(self, mode: str | None = None) -> str | None:
+        return self.env.render(mode)
+
+    def close(self) -> None:
+        self.env.close()
+        if self.owns_writer:
+            self.writer.close()
+
+    def _record_round(self, outcome: Any) -> None:
         core = self.env.deliberation
-        if outcome is None:
-            self._rounds = []
         requests: list[list[RequestRecord]] = [[] for _ in core.agents]
-        for agent, kind, prompt_tokens, completion_tokens in core.request_log:
+        for agent, kind, prompt_tokens, completion_tokens in core.round_requests:
             requests[agent].append(RequestRecord(kind, prompt_tokens, completion_tokens))
-        core.request_log.clear()
         actions = self.env.last_actions if outcome is not None else [None] * len(core.agents)
         agents = tuple(
             AgentRound(None if action is None else action.name, tuple(requests[i]), state.text, state.answer,
@@ -184,7 +219,7 @@ class EpisodeRecorder:
             for i, (state, action) in enumerate(zip(core.agents, actions))
         )
         consensus = core.consensus()
-        self._rounds.append(Round(
+        self.rounds.append(Round(
             index=core.round, agents=agents, consensus=consensus, consensus_correct=bool(core.grade(consensus)),
             rewards=None if outcome is None else tuple(float(r) for r in outcome.rewards),
             reward_components=None if outcome is None else tuple(
@@ -193,16 +228,12 @@ class EpisodeRecorder:
         if outcome is not None and outcome.done:
             problem = core.problem
             self.writer.write(Episode(
-                task=self.env.task.name, task_settings=self._settings, split=self.env.split, problem_id=problem.id,
-                difficulty=problem.difficulty, seed=core.seed, label=self.label,
+                task=self.env.task.name, task_settings=self.task_settings, split=self.env.split,
+                problem_id=problem.id, difficulty=problem.difficulty, seed=core.seed, label=self.label,
                 num_agents=core.config.num_agents, max_rounds=core.config.max_rounds,
-                backends=self._backends, options=self._options, rounds=tuple(self._rounds),
+                backends=self.backend_ids, options=self.options, rounds=tuple(self.rounds),
             ))
-            self._rounds = []
-
-    def close(self) -> None:
-        if self._owned:
-            self.writer.close()
+            self.rounds = []
 
 
 def _identity(backend: Any) -> str:

@@ -185,8 +185,9 @@ class Deliberation:
         self._starting = False
         self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
-        self.request_log: list[tuple[int, str, int, int]] | None = None
-        """When a list (episode traces), receive() appends (agent, kind, prompt_tokens, completion_tokens)."""
+        self.round_requests: list[tuple[int, str, int, int]] = []
+        """(agent, kind, prompt_tokens, completion_tokens) of every request answered in the current round (since
+        ``start`` or ``begin_round``), in order: what the agents' ``step_tokens`` are made of (traces read it)."""
         count = config.num_agents
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
         self._signals = config.features != "v1"
@@ -205,8 +206,7 @@ class Deliberation:
         self.round, self.done, self._grades = 0, False, {}
         self._changed, self._starting = [], True
         self._derived = {}
-        if self.request_log is not None:
-            self.request_log.clear()
+        self.round_requests = []
         messages = self.task.solve_messages(problem)
         self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
 
@@ -228,6 +228,7 @@ class Deliberation:
         jobs = []
         self._changed = []
         self._derived = {}
+        self.round_requests = []
         for i, (agent, action) in enumerate(zip(self.agents, actions)):
             agent.last_action, agent.step_tokens = Action(action), 0
             if action == Action.REFINE:
@@ -253,9 +254,8 @@ class Deliberation:
             raise ValueError(f"expected {len(self._pending)} completions, got {len(completions)}")
         requests, self._pending = self._pending, []
         completions = [sanitize_completion(completion) for completion in completions]
-        if self.request_log is not None:
-            self.request_log.extend((r.agent, r.kind, c.prompt_tokens, c.completion_tokens)
-                                    for r, c in zip(requests, completions))
+        self.round_requests.extend((r.agent, r.kind, c.prompt_tokens, c.completion_tokens)
+                                   for r, c in zip(requests, completions))
         self._derived = {}
         if self.phase is Phase.GENERATE:
             for request, completion in zip(requests, completions):

@@ -43,8 +43,9 @@ class ReplayMiss(LookupError):
 
 @dataclass(frozen=True)
 class Binding:
-    """What a replay set imposes on the env that uses it."""
+    """What a replay set imposes on the env that uses it (one per env: the split is the env's, not the backend's)."""
 
+    split: str
     problems: list[Problem]
     streams: int
     request_format: int
@@ -67,7 +68,11 @@ class ReplayBackend:
                     f"backend is {found!r}. Its answers would pass for the recorded model's: use a fallback of that "
                     f"model, or pass fallback_model={found!r} to accept this one on purpose")
         self.fallback, self.write_back = fallback, write_back
-        self.split: str | None = None
+        self.bound = False
+        """Whether an env bound this backend (so the set's integrity check ran for what it asks)."""
+        self._splits: dict[str, str] = {}
+        """The split of each problem of the bound envs' tasks, for naming misses and fallback chunks (problem ids are
+        distinct across splits: a train env and a test env on this backend never overwrite each other's)."""
         self.hits = self.misses = 0
 
     def identity(self) -> str:
@@ -81,11 +86,12 @@ class ReplayBackend:
         card = self.set.card
         streams = card.streams if config.streams is None else config.streams
         problems = self.set.check(task, replace(config, streams=streams, request_format=card.request_format), split)
-        self.split = split
-        return Binding(problems, streams, card.request_format)
+        self.bound = True
+        self._splits.update((problem.id, split) for problem in task.problems(split))
+        return Binding(split, problems, streams, card.request_format)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        if self.split is None:
+        if not self.bound:
             raise ReplayError(
                 f"replay set {self.set.card.name!r} was asked for completions before an env bound it, so its "
                 "integrity check never ran (a wrapper that hides the replay backend does this): give the ReplayBackend "
@@ -98,32 +104,40 @@ class ReplayBackend:
             if self.fallback is None:
                 raise ReplayMiss(self._describe_miss(requests[gaps[0]], len(gaps)))
             filled = self.fallback.generate([rich_request(requests[i]) for i in gaps])
-            records = []
+            by_split: dict[str, list[dict[str, Any]]] = {}
             for i, completion in zip(gaps, filled):
                 record = record_of(rich_request(requests[i]), completion, **self._place(requests[i]))
                 self.set.records[record["key"]] = record
-                records.append(record)
+                by_split.setdefault(record["split"], []).append(record)
                 completions[i] = self.set.lookup(requests[i])
             if self.write_back:
-                # named <split>-... so that the README's per-split data files take it in
-                name = f"chunks/{self.split}-fallback-{time.time_ns()}.parquet"
-                entry = write_chunk(self.set.path / name, records)
-                entry["model"] = self.fallback.identity()  # these records' model (the card's, or fallback_model)
-                self.set.card.files[name] = entry
-                write_card(self.set.path, self.set.card)
-                (self.set.path / "README.md").write_text(card_markdown(self.set.card), encoding="utf-8")
+                self._write_back(by_split)
         return cast("list[Completion]", completions)  # the gaps are filled above
 
+    def _write_back(self, by_split: dict[str, list[dict[str, Any]]]) -> None:
+        """One chunk per split of the filled records, listed in the card (and its README)."""
+        assert self.fallback is not None
+        for split, records in by_split.items():
+            # named <split>-... so that the README's per-split data files take it in
+            name = f"chunks/{split}-fallback-{time.time_ns()}.parquet"
+            entry = write_chunk(self.set.path / name, records)
+            entry["model"] = self.fallback.identity()  # these records' model (the card's, or fallback_model)
+            self.set.card.files[name] = entry
+        write_card(self.set.path, self.set.card)
+        (self.set.path / "README.md").write_text(card_markdown(self.set.card), encoding="utf-8")
+
     def _place(self, request: Request) -> dict[str, Any]:
-        """Where a request sits in the tree (split, problem, stream, round), found from its seed."""
+        """Where a request sits in the tree (split, problem, stream, round): the split of the problem in the bound
+        tasks, the stream and round those whose seed (``core.seeds``) is the request's."""
         card = self.set.card
         problem = request.context.problem.id if request.context is not None else "?"
+        split = self._splits.get(problem, "?")
         for stream in range(card.streams):
+            episode = stream_seed(stream, problem, card.request_format)
             for round_ in range(card.rounds + 2):
-                episode = stream_seed(stream, problem, card.request_format)
                 if request_seed(episode, round_, request.agent, request.kind) == request.seed:
-                    return {"split": self.split or "?", "problem": problem, "stream": stream, "round": round_}
-        return {"split": self.split or "?", "problem": problem, "stream": -1, "round": -1}
+                    return {"split": split, "problem": problem, "stream": stream, "round": round_}
+        return {"split": split, "problem": problem, "stream": -1, "round": -1}
 
     def _describe_miss(self, request: Request, count: int) -> str:
         place, card = self._place(request), self.set.card

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -261,6 +261,9 @@ class ReplaySet:
         self.card = ReplayCard.from_json(card_file.read_text(encoding="utf-8"), str(card_file))
         self.records: dict[str, dict[str, Any]] = {}
         self._found: dict[tuple[Any, ...], Completion] = {}
+        self._checked: dict[tuple[Any, ...], list[Problem]] = {}
+        self.checks_run = 0
+        """How many times ``check`` checked a split's problems against the records (it remembers each it passed)."""
         for record in read_records(self.path, self.card):
             self.records[record["key"]] = record
 
@@ -291,7 +294,8 @@ class ReplaySet:
 
     def check(self, task: Task, config: DeliberationConfig, split: str) -> list[Problem]:
         """The recorded problems of ``split`` if this set serves every episode of ``task`` under ``config``;
-        else a ReplayError naming the first difference and the fix. Runs at env construction."""
+        else a ReplayError naming the first difference and the fix. Runs at env construction; its costly part (a
+        recorded solve request per problem) runs once per split, settings and task problems, and is remembered."""
         card = self.card
         where = f"replay set {card.name!r} ({self.path})"
         if config.request_format != card.request_format:
@@ -300,7 +304,8 @@ class ReplaySet:
                               "(replay_env() does)")
         if getattr(task, "name", None) != card.task:
             raise ReplayError(task_mismatch(card, where, getattr(task, "name", task)))
-        if prompt_fingerprint(task) != card.prompt_fingerprint:
+        fingerprint = prompt_fingerprint(task)
+        if fingerprint != card.prompt_fingerprint:
             raise ReplayError(f"{where} was recorded with other prompts (task_kwargs {card.task_kwargs}); build the "
                               "env with deliberation_env.replay_env(), or record the set again for these prompts")
         for name, recorded in card.settings.items():
@@ -318,14 +323,25 @@ class ReplaySet:
             raise ReplayError(f"{where} holds {card.streams} stream(s) per problem; the env has streams={config.streams}")
         if split not in card.splits:
             raise ReplayError(split_mismatch(card, where, split))
-        by_id = {problem.id: problem for problem in task.problems(split)}
+        task_problems = tuple(task.problems(split))
+        key = (split, fingerprint, task_problems, *(getattr(config, name) for name in SETTING_FIELDS))
+        if key not in self._checked:
+            self._checked[key] = self._check_problems(task, config, split, task_problems)
+        return list(self._checked[key])
+
+    def _check_problems(self, task: Task, config: DeliberationConfig, split: str,
+                        task_problems: Sequence[Problem]) -> list[Problem]:
+        """The task's problems of the recorded ids of ``split``, each with its recorded solve request."""
+        self.checks_run += 1
+        card, where = self.card, f"replay set {self.card.name!r} ({self.path})"
+        by_id = {problem.id: problem for problem in task_problems}
         problems = []
+        core = Deliberation(task, config)
         for problem_id in card.splits[split]:
             problem = by_id.get(problem_id)
             if problem is None:
                 raise ReplayError(f"{where} holds problem {problem_id!r}, which split {split!r} of the task does not "
                                   f"have (task_kwargs {card.task_kwargs}); build the env with replay_env()")
-            core = Deliberation(task, config)
             core.start(problem, 0)
             if request_key(core.pending_requests()[0]) not in self.records:
                 raise ReplayError(f"{where}: the task's solve prompt for problem {problem_id!r} is not the recorded "

@@ -1,0 +1,50 @@
+"""The env factories: ``parallel_env`` (a named task and backend) and ``replay_env`` (a replay set's own settings).
+
+They sit above the env, replay and analysis modules, which never import them: the env binds a replay backend
+(``replay.backend.bind_replay``) without replay knowing the env, and ``trace=`` wraps the env in
+``analysis.traces.TraceWrapper`` here, outside it. Both are re-exported as ``deliberation_env.parallel_env`` and
+``deliberation_env.replay_env`` (and ``deliberation_env.replay.replay_env``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from deliberation_env.env import DeliberationEnv
+from deliberation_env.replay.backend import ReplayBackend
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings, split_mismatch, task_mismatch
+
+
+def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int = 3, max_rounds: int = 3,
+                 data_dir: str | None = None, split: str = "test", render_mode: str | None = None,
+                 **options: Any) -> Any:
+    """The deliberation environment, PettingZoo Parallel API (see ``deliberation_env.env``): a ``DeliberationEnv``,
+    in a ``TraceWrapper`` when ``trace=`` is given. ``options``: every keyword of ``env.accepted_options()``."""
+    trace, label = options.pop("trace", None), options.pop("trace_label", None)
+    env = DeliberationEnv(task, backend, split=split, render_mode=render_mode, num_agents=num_agents,
+                          max_rounds=max_rounds, data_dir=data_dir, **options)
+    if trace is None:
+        return env
+    from deliberation_env.analysis.traces import TraceWrapper  # only traced runs pay for the import
+
+    return TraceWrapper(env, trace, label, task_kwargs=options.get("task_kwargs"))
+
+
+def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test", *, fallback: Any = None,
+               fallback_model: str | None = None, data_dir: str | None = None, **options: Any) -> Any:
+    """A ``parallel_env`` on a replay set with the set's own recorded settings (task, prompts, agents, rounds,
+    confidence, tokens, streams); ``options`` override env keywords (e.g. ``observation="flat"``, ``max_rounds``
+    below the recorded rounds, another recorded ``confidence``, ``trace=``). ``fallback`` answers what the set lacks;
+    it must be the recorded model unless ``fallback_model`` names the one you accept instead."""
+    replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
+    card, where = replay.card, f"replay set {replay.card.name!r} ({replay.path})"
+    if options.get("task", card.task) != card.task:
+        raise ReplayError(task_mismatch(card, where, options["task"]))
+    if dict(options.get("task_kwargs", card.task_kwargs)) != card.task_kwargs:
+        raise ReplayError(f"{where} was recorded with task_kwargs {card.task_kwargs}, not {options['task_kwargs']}: "
+                          "drop task_kwargs= (replay_env() builds the recorded task), or record a set with them")
+    if split not in card.splits:  # before the env asks the task for a split it may not have
+        raise ReplayError(split_mismatch(card, where, split))
+    backend = ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model)
+    return parallel_env(backend=backend, split=split, data_dir=data_dir, **{**env_settings(card), **options})

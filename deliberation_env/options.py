@@ -1,0 +1,125 @@
+"""The flat env keywords, mapped in one place onto the parts a ``DeliberationEnv`` is made of.
+
+``DeliberationEnv(task, backend, config, split, render_mode, format=..., agent_names=..., invalid_action=...)``
+takes a handful of parts; ``parallel_env(...)`` and ``DeliberationEnv(...)`` also take the flat keyword set, which
+``env_parts`` turns into those parts:
+
+| keywords                                                   | become                                                |
+|------------------------------------------------------------|-------------------------------------------------------|
+| ``task``, ``task_kwargs``, ``data_dir``                    | the ``Task`` (``TASKS.make`` for a name)              |
+| ``backend``, ``backend_kwargs``, ``cache``                 | one backend per agent (``BACKENDS.make`` for a name;  |
+|                                                            | ``cache`` wraps each distinct backend in a cache)     |
+| ``num_agents``, ``max_rounds`` (``max_cycles``), and every | the ``DeliberationConfig`` (overriding ``config=``'s  |
+| ``DeliberationConfig`` field                               | fields where both are given)                          |
+| ``observation``, ``action_mask``, ``action_mask_key``,     | the ``ObservationFormat`` (``formats``)               |
+| ``observation_key``, ``infos``                             |                                                       |
+| ``trace``, ``trace_label``                                 | ``parallel_env`` only: an ``analysis.traces.TraceWrapper`` |
+|                                                            | around the env                                        |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from deliberation_env.backends.base import Backend
+from deliberation_env.core.deliberation import DeliberationConfig
+from deliberation_env.formats import ObservationFormat
+from deliberation_env.registry import BACKENDS, TASKS
+from deliberation_env.tasks.base import Task
+
+INVALID_ACTION_MODES = ("raise", "persist")
+FORMAT_KEYWORDS = ("observation", "action_mask", "action_mask_key", "observation_key", "infos")
+CONFIG_KEYWORDS = tuple(f.name for f in fields(DeliberationConfig))
+FLAT_KEYWORDS = ("num_agents", "max_rounds", "max_cycles", "data_dir", "task_kwargs", "backend_kwargs", "cache",
+                 *FORMAT_KEYWORDS)
+"""The flat keywords that are no parameter of ``DeliberationEnv`` (besides ``DeliberationConfig``'s fields)."""
+WRAPPER_KEYWORDS = ("trace", "trace_label")
+"""Keywords of ``parallel_env`` that wrap the env (``analysis.traces.TraceWrapper``)."""
+_TASK_METHODS = ("problems", "extract_answer", "grade", "solve_messages", "refine_messages", "critic_messages")
+
+
+@dataclass(frozen=True)
+class EnvParts:
+    """What a ``DeliberationEnv`` is made of, every name resolved and every value checked."""
+
+    task: Task
+    backends: list[Backend]
+    """One per agent (the same object where agents share a backend)."""
+    config: DeliberationConfig
+    format: ObservationFormat
+    invalid_action: str
+
+
+def env_parts(task: str | Task, backend: Any, config: DeliberationConfig | None, format: ObservationFormat | None,
+              invalid_action: str | None, options: Mapping[str, Any]) -> EnvParts:
+    """The parts of an env from its parameters and the flat keywords ``options`` (the module docstring's table)."""
+    if "trace" in options or "trace_label" in options:
+        raise TypeError("trace= wraps the env: pass it to deliberation_env.parallel_env(..., trace=...), or wrap the "
+                        "env with deliberation_env.analysis.traces.TraceWrapper(env, trace, label)")
+    options = dict(options)
+    task_kwargs = dict(options.pop("task_kwargs", None) or {})
+    backend_kwargs = dict(options.pop("backend_kwargs", None) or {})
+    data_dir, cache = options.pop("data_dir", None), options.pop("cache", None)
+    format_keywords = {name: options.pop(name) for name in FORMAT_KEYWORDS if name in options}
+    if format is not None and format_keywords:
+        raise TypeError(f"pass either format= or the format keywords {sorted(format_keywords)}, not both")
+    format = format or ObservationFormat(**format_keywords)
+    if invalid_action is None:  # a learner fed a flat vector cannot mask: masked actions become PERSIST
+        invalid_action = "persist" if format.mode == "flat" else "raise"
+    if invalid_action not in INVALID_ACTION_MODES:
+        raise ValueError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
+    config = make_config(config, options)
+    return EnvParts(task=make_task(task, data_dir, task_kwargs),
+                    backends=make_backends(backend, backend_kwargs, cache, config.num_agents),
+                    config=config, format=format, invalid_action=invalid_action)
+
+
+def make_config(config: DeliberationConfig | None, options: dict[str, Any]) -> DeliberationConfig:
+    """``config`` (default ``DeliberationConfig()``) with the given fields replaced; ``max_cycles`` is PettingZoo's
+    name for ``max_rounds`` (its max_cycles_test passes it)."""
+    max_cycles = options.pop("max_cycles", None)
+    if max_cycles is not None:
+        max_rounds = options.get("max_rounds", 3)
+        if max_rounds not in (3, max_cycles):
+            raise ValueError(f"max_cycles={max_cycles!r} and max_rounds={max_rounds!r} disagree; pass only one")
+        options["max_rounds"] = max_cycles
+    if config is None:
+        return DeliberationConfig(**options)
+    if not isinstance(config, DeliberationConfig):
+        raise TypeError(f"config must be a DeliberationConfig, got {type(config).__name__}")
+    return replace(config, **options) if options else config
+
+
+def make_task(task: str | Task, data_dir: str | None, kwargs: dict[str, Any]) -> Task:
+    """A registered task by name, or the given Task object (checked for the methods an env calls)."""
+    if isinstance(task, str):
+        return TASKS.make(task, data_dir=data_dir, **kwargs)
+    for method in _TASK_METHODS:
+        if not callable(getattr(task, method, None)):
+            raise TypeError(f"task must be a registered name or a Task object; {task!r} has no {method}()")
+    return task
+
+
+def make_backends(backend: Any, kwargs: dict[str, Any], cache: str | None, count: int) -> list[Backend]:
+    """One backend per agent: a registered name (one backend shared by all), a Backend, or a list of one per agent;
+    with ``cache`` (a file), each distinct backend answers through a ``CachedBackend`` on it."""
+    if isinstance(backend, str):
+        backends = [BACKENDS.make(backend, **kwargs)] * count
+    elif isinstance(backend, Sequence):
+        backends = list(backend)
+        if len(backends) != count:
+            raise ValueError(f"backend list has {len(backends)} entries but num_agents is {count}: give one per agent")
+    else:
+        backends = [backend] * count
+    for item in backends:
+        if not callable(getattr(item, "generate", None)):
+            raise TypeError(f"backend must be a registered name ({', '.join(BACKENDS.names())}), a Backend or a list "
+                            f"of Backends; got {item!r}")
+    if cache is not None:
+        from deliberation_env.backends.cache import CachedBackend
+
+        wrapped: dict[int, Backend] = {}
+        backends = [wrapped.setdefault(id(b), CachedBackend(b, cache)) for b in backends]
+    return backends
