@@ -24,6 +24,7 @@ import torch
 from pettingzoo import ParallelEnv
 
 from baselines.meta.policy import ObsLayout, Policy, encode, encode_many
+from deliberation_env.analysis.traces import TraceWrapper
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.vector import BatchedEnvs
 
@@ -32,11 +33,12 @@ CREDITS = ("episode", "round")
 
 class EnvPool:
     """Resets and steps the first n of a list of envs together: through ``BatchedEnvs`` (one backend call per
-    phase for all of them) when every env is a ``DeliberationEnv``, else one env after the other."""
+    phase for all of them) when every env is a ``DeliberationEnv`` (or one in a ``TraceWrapper``, which records the
+    phased steps too), else one env after the other."""
 
     def __init__(self, envs: Sequence[Any]):
         self.envs = list(envs)
-        self.batched = all(isinstance(env, DeliberationEnv) for env in self.envs)
+        self.batched = all(isinstance(env, (DeliberationEnv, TraceWrapper)) for env in self.envs)
 
     def reset(self, seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None]) -> list[tuple[Any, Any]]:
         """Reset ``envs[:len(seeds)]``; one (observations, infos) per env."""
