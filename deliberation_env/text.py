@@ -53,7 +53,8 @@ from deliberation_env import text_rewards
 from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens, sanitize_completion
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
-from deliberation_env.env import DeliberationEnv, generate_grouped
+from deliberation_env.env import generate_grouped
+from deliberation_env.make import parallel_env
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Task
 
@@ -121,8 +122,9 @@ class TextDeliberationEnv(ParallelEnv):
                             "pass critic=BACKEND to have a backend answer the confidence (critic) calls")
         round_weights, self.turn_weights = text_rewards.split_weights(reward_weights)
         backend = _TextActions() if isinstance(critic, str) and critic == "agent" else critic
-        self.meta = DeliberationEnv(task, backend, split=split, render_mode=render_mode, num_agents=num_agents,
-                                    max_rounds=max_rounds, data_dir=data_dir, reward_weights=round_weights, **options)
+        # the meta-action env (in a TraceWrapper with trace=): the text env drives its phases
+        self.meta = parallel_env(task, backend, num_agents, max_rounds, data_dir, split, render_mode,
+                                 reward_weights=round_weights, **options)
         self.critic_by_backend = not isinstance(backend, _TextActions)
         self.meta_policy = _resolve_meta_policy(meta_policy)
         config = self.meta.config

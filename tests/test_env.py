@@ -285,3 +285,28 @@ def test_metadata_and_spaces():
     assert [a.value for a in Action] == [0, 1, 2] and Action.CONCEDE.name == "CONCEDE"
     env.reset(seed=0)
     assert env.state().shape == (3 * env.observation_space("agent_0")["self"].shape[0],)
+
+
+def test_the_parts_form_and_the_flat_keywords_build_the_same_env():
+    from deliberation_env.backends.sim import SimBackend
+    from deliberation_env.core.deliberation import DeliberationConfig
+    from deliberation_env.formats import ObservationFormat
+    from deliberation_env.registry import TASKS
+
+    config = DeliberationConfig(num_agents=2, max_rounds=2, early_stop=True, reward_weights={"team": 0.5})
+    parts = deliberation_env.DeliberationEnv(TASKS.make("arithmetic"), SimBackend(), config, "test",
+                                             format=ObservationFormat("flat", infos="numeric"))
+    flat = deliberation_env.parallel_env(backend=SimBackend(), num_agents=2, max_rounds=2, early_stop=True,
+                                         reward_weights={"team": 0.5}, observation="flat", infos="numeric")
+    assert parts.config == flat.config and parts.invalid_action == flat.invalid_action == "persist"
+    assert parts.observation_space("agent_0") == flat.observation_space("agent_0")
+    for env in (parts, flat):
+        env.reset(seed=3)
+    for _ in range(2):
+        if not parts.agents:
+            break
+        actions = {agent: 1 for agent in parts.agents}
+        a, b = parts.step(actions), flat.step(actions)
+        assert all(np.array_equal(a[0][k], b[0][k]) for k in a[0]) and a[1:] == b[1:]
+    with pytest.raises(TypeError, match="either format= or"):
+        deliberation_env.DeliberationEnv(format=ObservationFormat(), observation="flat")

@@ -113,13 +113,16 @@ def backend_settings(cfg: BaseConfig) -> BackendSettings:
                            dtype=cfg.dtype, batch_size=cfg.batch_size, options=dict(cfg.backend_options))
 
 
-def env_kwargs(cfg: BaseConfig, split: str) -> dict[str, Any]:
+def env_kwargs(cfg: BaseConfig, split: str, backend: Any = None) -> dict[str, Any]:
     """``deliberation_env.parallel_env`` keywords of the config, except the backend (a replay set's own settings
-    with ``replay``)."""
+    with ``replay``: from the loaded set of ``backend`` when it is the config's replay backend, else its card)."""
     if cfg.replay:
         from deliberation_env.replay import env_settings, load_card
+        from deliberation_env.replay.backend import replay_backend
 
-        kwargs: dict[str, Any] = {**env_settings(load_card(cfg.replay)), "split": split, "data_dir": cfg.data_dir}
+        replay = replay_backend(backend)
+        card = replay.set.card if replay is not None else load_card(cfg.replay)
+        kwargs: dict[str, Any] = {**env_settings(card), "split": split, "data_dir": cfg.data_dir}
         if cfg.token_cost:
             kwargs["reward_weights"] = {"tokens": cfg.token_cost}
         return {**kwargs, **cfg.env_options}
@@ -145,7 +148,7 @@ class EnvFactory:
 
         if self.backend is None:
             self.backend = build_backend(self.cfg)
-        return deliberation_env.parallel_env(backend=self.backend, **env_kwargs(self.cfg, self.split))
+        return deliberation_env.parallel_env(backend=self.backend, **env_kwargs(self.cfg, self.split, self.backend))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"cfg": self.cfg, "split": self.split, "backend": None}
