@@ -261,9 +261,10 @@ class ReplaySet:
         self.card = ReplayCard.from_json(card_file.read_text(encoding="utf-8"), str(card_file))
         self.records: dict[str, dict[str, Any]] = {}
         self._found: dict[tuple[Any, ...], Completion] = {}
-        self._checked: dict[tuple[Any, ...], list[Problem]] = {}
+        self._passed: set[tuple[Any, ...]] = set()
         self.checks_run = 0
-        """How many times ``check`` checked a split's problems against the records (it remembers each it passed)."""
+        """How many times ``check`` checked a split's solve requests against the records (it remembers each pass,
+        by split, request settings, prompts and problem questions)."""
         for record in read_records(self.path, self.card):
             self.records[record["key"]] = record
 
@@ -295,7 +296,7 @@ class ReplaySet:
     def check(self, task: Task, config: DeliberationConfig, split: str) -> list[Problem]:
         """The recorded problems of ``split`` if this set serves every episode of ``task`` under ``config``;
         else a ReplayError naming the first difference and the fix. Runs at env construction; its costly part (a
-        recorded solve request per problem) runs once per split, settings and task problems, and is remembered."""
+        recorded solve request per problem) runs once per split, settings, prompts and problems, and is remembered."""
         card = self.card
         where = f"replay set {card.name!r} ({self.path})"
         if config.request_format != card.request_format:
@@ -323,32 +324,30 @@ class ReplaySet:
             raise ReplayError(f"{where} holds {card.streams} stream(s) per problem; the env has streams={config.streams}")
         if split not in card.splits:
             raise ReplayError(split_mismatch(card, where, split))
-        task_problems = tuple(task.problems(split))
-        key = (split, fingerprint, task_problems, *(getattr(config, name) for name in SETTING_FIELDS))
-        if key not in self._checked:
-            self._checked[key] = self._check_problems(task, config, split, task_problems)
-        return list(self._checked[key])
+        by_id = {problem.id: problem for problem in task.problems(split)}
+        missing = next((problem_id for problem_id in card.splits[split] if problem_id not in by_id), None)
+        if missing is not None:
+            raise ReplayError(f"{where} holds problem {missing!r}, which split {split!r} of the task does not "
+                              f"have (task_kwargs {card.task_kwargs}); build the env with replay_env()")
+        problems = [by_id[problem_id] for problem_id in card.splits[split]]
+        key = (split, fingerprint, tuple((p.id, p.question) for p in problems),
+               *(getattr(config, name) for name in SETTING_FIELDS))
+        if key not in self._passed:
+            self._check_solve_requests(task, config, problems)
+            self._passed.add(key)
+        return problems
 
-    def _check_problems(self, task: Task, config: DeliberationConfig, split: str,
-                        task_problems: Sequence[Problem]) -> list[Problem]:
-        """The task's problems of the recorded ids of ``split``, each with its recorded solve request."""
+    def _check_solve_requests(self, task: Task, config: DeliberationConfig, problems: Sequence[Problem]) -> None:
+        """Each problem's first request (its solve prompt under ``config``) is in the set."""
         self.checks_run += 1
         card, where = self.card, f"replay set {self.card.name!r} ({self.path})"
-        by_id = {problem.id: problem for problem in task_problems}
-        problems = []
         core = Deliberation(task, config)
-        for problem_id in card.splits[split]:
-            problem = by_id.get(problem_id)
-            if problem is None:
-                raise ReplayError(f"{where} holds problem {problem_id!r}, which split {split!r} of the task does not "
-                                  f"have (task_kwargs {card.task_kwargs}); build the env with replay_env()")
+        for problem in problems:
             core.start(problem, 0)
             if request_key(core.pending_requests()[0]) not in self.records:
-                raise ReplayError(f"{where}: the task's solve prompt for problem {problem_id!r} is not the recorded "
+                raise ReplayError(f"{where}: the task's solve prompt for problem {problem.id!r} is not the recorded "
                                   f"one (recorded with task_kwargs {card.task_kwargs}; replay_env() builds the task "
                                   "with them); if the task's problems changed, record the set again")
-            problems.append(problem)
-        return problems
 
 
 def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
