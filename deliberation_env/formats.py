@@ -5,7 +5,7 @@ and formats every observation and info through it (docs/interop.md has a recipe 
 
 - ``observation="dict"`` (default): ``{"self", "peers", "agreement", "action_mask"}``.
 - ``observation="flat"``: one float32 Box vector ``[self, peers.ravel(), agreement, action_mask]``
-  (the mask, when in the observation, is the last 3 entries).
+  (the mask, when in the observation, is the last 3 entries; 2 + N with ``concede_to_peer``).
 - ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (3,)}``,
   PettingZoo's classic convention (``observation_key="observations"`` for RLlib's masking module).
 - ``action_mask="observation" | "info" | "both"``: where the legal-action mask goes, under
@@ -53,7 +53,7 @@ class ObservationFormat:
 
     def __init__(self, num_agents: int, observation: str = "dict", action_mask: str = "observation",
                  action_mask_key: str = "action_mask", observation_key: str = "observation", infos: str = "full",
-                 width: int = features.NUM_FEATURES):
+                 width: int = features.NUM_FEATURES, num_actions: int = NUM_ACTIONS):
         _check("observation", observation, OBSERVATION_MODES)
         _check("action_mask", action_mask, ACTION_MASK_PLACES)
         _check("infos", infos, INFO_MODES)
@@ -72,11 +72,12 @@ class ObservationFormat:
         self.mask_in_observation = action_mask in ("observation", "both")
         self.mask_in_info = action_mask in ("info", "both")
         self._flat_keys = (*FEATURE_KEYS, "action_mask") if self.mask_in_observation else FEATURE_KEYS
+        self.num_actions = num_actions
         self.space = self._build_space(num_agents, width)
 
     def _build_space(self, num_agents: int, width: int) -> gymnasium.spaces.Space:
         peers = num_agents - 1
-        mask = gymnasium.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8)
+        mask = gymnasium.spaces.Box(0, 1, (self.num_actions,), np.int8)
         if self.mode == "dict":
             parts: dict[str, gymnasium.spaces.Space[Any]] = {
                 "self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
@@ -86,7 +87,7 @@ class ObservationFormat:
             if self.mask_in_observation:
                 parts[self.mask_key] = mask
             return gymnasium.spaces.Dict(parts)
-        size = width * num_agents + peers + (NUM_ACTIONS if self.mode == "flat" and self.mask_in_observation else 0)
+        size = width * num_agents + peers + (self.num_actions if self.mode == "flat" and self.mask_in_observation else 0)
         vector = gymnasium.spaces.Box(0.0, 1.0, (size,), np.float32)
         if self.mode == "flat":
             return vector

@@ -31,7 +31,7 @@ from deliberation_env.cli import (
     report_user_errors,
     user_input,
 )
-from deliberation_env.core.deliberation import CONFIDENCE_SOURCES, DeliberationConfig
+from deliberation_env.core.config import CONFIDENCE_SOURCES, DeliberationConfig
 from deliberation_env.replay.dataset import ReplayCard, prompt_fingerprint, read_records, settings_of, write_card
 from deliberation_env.replay.format import problem_rows, write_chunk, write_problems
 from deliberation_env.replay.markdown import card_markdown

@@ -303,6 +303,10 @@ class ReplaySet:
         if prompt_fingerprint(task) != card.prompt_fingerprint:
             raise ReplayError(f"{where} was recorded with other prompts (task_kwargs {card.task_kwargs}); build the "
                               "env with deliberation_env.replay_env(), or record the set again for these prompts")
+        if config.concede_to_peer and card.concede_targets != "all":
+            raise ReplayError(f"{where} was recorded with CONCEDE to the {card.settings.get('concede_target')!r} "
+                              "rule's peer only, so it cannot serve concede_to_peer=True; use a set recorded with "
+                              "--concede-targets all, or record one")
         for name, recorded in card.settings.items():
             if name == "concede_target" and card.concede_targets == "all":
                 continue  # every peer a CONCEDE can adopt is recorded
