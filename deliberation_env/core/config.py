@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from deliberation_env.core import features
 from deliberation_env.core.rewards import check_weights
+from deliberation_env.core.roles import make_roles
 from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
 
 CONCEDE_TARGETS = ("most_confident", "plurality")
@@ -49,7 +51,10 @@ class DeliberationConfig:
     features: str = "v1"
     """The observation's feature set (``core.features.FEATURE_SETS``): ``v1``, or ``v2``, which adds signals read
     off each agent's latest completion and asks the backend for token log-probabilities (the requests' replay keys
-    stay the same: a replay set serves both)."""
+    stay the same: a replay set serves both), or ``v3``: v2 and each agent's role."""
+    roles: Sequence[Any] | None = None
+    """One ``core.roles.Role`` per agent (a prompt style and a temperature each; a mapping or a name is read as
+    one), or None: the homogeneous team. Stored as a tuple of ``Role``."""
 
     def __post_init__(self) -> None:
         _check_int("num_agents", self.num_agents, 1)
@@ -70,6 +75,7 @@ class DeliberationConfig:
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 5.0:
                 raise ValueError(f"{name} must be a number in [0, 5], got {value!r}")
         object.__setattr__(self, "reward_weights", check_weights(self.reward_weights))
+        object.__setattr__(self, "roles", make_roles(self.roles, self.num_agents))
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

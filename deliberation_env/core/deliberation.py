@@ -37,8 +37,9 @@ from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
+from deliberation_env.core.roles import role_indices
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
+from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale, styled
 
 log = logging.getLogger(__name__)
 __all__ = ["Action", "AgentState", "Deliberation", "DeliberationConfig", "Phase", "RoundOutcome"]
@@ -124,6 +125,12 @@ class Deliberation:
         count = config.num_agents
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
         self._signals = config.features != "v1"
+        self._roles = role_indices(config.roles, count) if config.features == "v3" else None
+        self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt)
+                       for role in (config.roles or [None] * count)]
+        """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
+        self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
+                              for role in (config.roles or [None] * count)]
         self.num_actions = num_actions(count, config.concede_to_peer)
         """The width of an action mask: 3, plus one CONCEDE per peer with ``config.concede_to_peer``."""
         self._width = features.num_features(config.features)
@@ -143,8 +150,8 @@ class Deliberation:
         self._derived = {}
         if self.request_log is not None:
             self.request_log.clear()
-        messages = self.task.solve_messages(problem)
-        self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
+        self._request_generation([(i, self._tasks[i].solve_messages(problem), "solve")
+                                  for i in range(self.config.num_agents)])
 
     def begin_round(self, actions: Sequence[Action], targets: Sequence[int | None] | None = None) -> None:
         """Apply one meta-action per agent (already validated and legal), all on the round-start state.
@@ -168,7 +175,7 @@ class Deliberation:
             agent.last_action, agent.step_tokens = Action(action), 0
             if action == Action.REFINE:
                 peers = [PeerView(snapshot[j].answer, short_rationale(snapshot[j].text)) for j in self.peer_indices(i)]
-                jobs.append((i, self.task.refine_messages(self.problem, agent.text, peers), "refine"))
+                jobs.append((i, self._tasks[i].refine_messages(self.problem, agent.text, peers), "refine"))
                 agent.refinements += 1
             elif action == Action.CONCEDE and (target := targets[i]) is not None:  # masked CONCEDE: adapter decides
                 self._concede(i, snapshot[target])
@@ -350,8 +357,10 @@ class Deliberation:
             row[features.ACTION_OFFSET + (0 if agent.last_action is None else 1 + agent.last_action)] = 1.0
             if self._signals:
                 target = self.concede_target(i)
-                row[features.SIGNAL_OFFSET : -1] = agent.signals.row()
-                row[-1] = target is not None and self.agents[target].answer == consensus
+                row[features.SIGNAL_OFFSET : features.ROLE_OFFSET - 1] = agent.signals.row()
+                row[features.ROLE_OFFSET - 1] = target is not None and self.agents[target].answer == consensus
+            if self._roles is not None:
+                row[features.ROLE_OFFSET + self._roles[i]] = 1.0
         rows[:, features.NUM_FEATURES - 1] = self.round / self.config.max_rounds
         return rows
 
@@ -384,7 +393,7 @@ class Deliberation:
             agent=agent,
             seed=request_seed(self._seed, self.request_round, agent, kind),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
-            temperature=config.critic_temperature if critic else config.temperature,
+            temperature=config.critic_temperature if critic else self._temperatures[agent],
             logprobs=critic and config.confidence == "critic",
             token_logprobs=not critic and (config.confidence == "answer_logprobs" or self._signals),
             context=self._context(agent, peer_states),

@@ -170,6 +170,7 @@ class ArithmeticTask(BaseTask):
     """
 
     name = "arithmetic"
+    prompt_styles = PROMPT_STYLES
 
     def __init__(self, data_dir: object = None, levels: Sequence[int] = (1, 2, 3, 4, 5), num_problems: int | None = None,
                  prompt: str = "default", unique: bool = True):
