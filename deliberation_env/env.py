@@ -59,6 +59,7 @@ from pettingzoo import ParallelEnv
 
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.backends.grouping import generate_by_backend
+from deliberation_env.backends.tools import with_tools
 from deliberation_env.core import features
 from deliberation_env.core.actions import action_name, num_actions
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
@@ -126,6 +127,8 @@ class DeliberationEnv(ParallelEnv):
         binding = bind_replay(self.backends, self.task, self.config, split)
         if binding is not None:  # a replay set: its recorded problems and its sample streams
             self.config = replace(self.config, streams=binding.streams, request_format=binding.request_format)
+        else:  # a program-aided role's runs go to the sandbox (a replay set answers its recorded runs)
+            self.backends = with_tools(self.backends, self.config.roles)
         self.problems: Sequence[Problem] = self.task.problems(split) if binding is None else binding.problems
         if len(self.problems) == 0:
             raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")

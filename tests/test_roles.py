@@ -67,16 +67,17 @@ def test_each_agent_solves_and_refines_with_its_role_and_the_critic_is_shared():
 
 
 def test_features_v3_add_the_role_one_hot_and_leave_older_layouts_alone():
-    assert features.num_features("v3") == 27 and features.feature_names("v3")[:23] == features.feature_names("v2")
+    assert features.num_features("v3") == 29 and features.feature_names("v3")[:23] == features.feature_names("v2")
     env = deliberation_env.parallel_env(**SIM, roles=TEAM, features="v3")
     observations, _ = env.reset(seed=0)
     roles = features.ROLE_OFFSET
-    assert observations["agent_0"]["self"][roles:].tolist() == [1, 0, 0, 0]
-    assert observations["agent_1"]["self"][roles:].tolist() == [0, 1, 0, 0]
-    assert observations["agent_0"]["peers"][:, roles:].tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]  # agents 1, 2
+    tools = features.TOOL_OFFSET
+    assert observations["agent_0"]["self"][roles:tools].tolist() == [1, 0, 0, 0]
+    assert observations["agent_1"]["self"][roles:tools].tolist() == [0, 1, 0, 0]
+    assert observations["agent_0"]["peers"][:, roles:tools].tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]  # agents 1, 2
     plain = deliberation_env.parallel_env(**SIM, features="v3")
     observations, _ = plain.reset(seed=0)
-    assert all(o["self"][roles:].tolist() == [1, 0, 0, 0] for o in observations.values())
+    assert all(o["self"][roles:tools].tolist() == [1, 0, 0, 0] for o in observations.values())
     for name, width in (("v1", 16), ("v2", 23)):
         env = deliberation_env.parallel_env(**SIM, roles=TEAM, features=name)
         assert env.reset(seed=0)[0]["agent_0"]["self"].shape == (width,)
@@ -135,4 +136,4 @@ def test_a_meta_trainer_trains_a_team_with_role_features(tmp_path):
                     "--groups-per-batch", "4", "--sft-episodes", "0", "--out", str(tmp_path), "--env-option",
                     f"roles={TEAM!r}", "--env-option", "features=v3", "--no-progress", "--no-tensorboard",
                     "--no-evaluate"])
-    assert policy.layout.self_dim == 27
+    assert policy.layout.self_dim == 29

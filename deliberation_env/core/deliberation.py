@@ -39,6 +39,7 @@ from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
 from deliberation_env.core.roles import role_indices
 from deliberation_env.core.seeds import request_seed, stream_seed
+from deliberation_env.core.tools import program_of, run_messages
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale, styled
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,10 @@ class AgentState:
     profile: tuple[float, ...] = (0.0,) * len(features.PROFILE_FEATURES)
     signals: features.CompletionSignals = features.NO_SIGNALS
     """The raw signals of its latest completion (kept with ``features="v2"``; a CONCEDE takes its target's)."""
+    tool_ran: bool = False
+    """Its role's tool (``core.tools``) read an answer off its latest solution's program output."""
+    tool_agrees: bool = False
+    """That answer equals the one its text states (an external check of the text)."""
     last_action: Action | None = None
     refinements: int = 0
     step_tokens: int = 0
@@ -95,6 +100,7 @@ class RoundOutcome:
 class Phase(Enum):
     IDLE = "idle"
     GENERATE = "generate"
+    TOOL = "tool"
     CRITIC = "critic"
     READY = "ready"
 
@@ -129,6 +135,7 @@ class Deliberation:
         self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt)
                        for role in (config.roles or [None] * count)]
         """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
+        self._tools = [None if role is None else role.tool for role in (config.roles or [None] * count)]
         self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
                               for role in (config.roles or [None] * count)]
         self.num_actions = num_actions(count, config.concede_to_peer)
@@ -201,11 +208,21 @@ class Deliberation:
                                     for r, c in zip(requests, completions))
         self._derived = {}
         if self.phase is Phase.GENERATE:
+            runs = []
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
                 if self.config.confidence == "answer_logprobs":
                     agent = self.agents[request.agent]
                     agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
+                if self._tools[request.agent] is not None and (program := program_of(completion.text)) is not None:
+                    runs.append(self._request(request.agent, run_messages(program), "run"))
+            if runs:
+                self._pending, self.phase = runs, Phase.TOOL
+            else:
+                self._request_critics()
+        elif self.phase is Phase.TOOL:
+            for request, completion in zip(requests, completions):
+                self._absorb_output(request.agent, completion.text)
             self._request_critics()
         elif self.phase is Phase.CRITIC:
             for request, completion in zip(requests, completions):
@@ -361,6 +378,7 @@ class Deliberation:
                 row[features.ROLE_OFFSET - 1] = target is not None and self.agents[target].answer == consensus
             if self._roles is not None:
                 row[features.ROLE_OFFSET + self._roles[i]] = 1.0
+                row[features.TOOL_OFFSET : features.TOOL_OFFSET + 2] = agent.tool_ran, agent.tool_agrees
         rows[:, features.NUM_FEATURES - 1] = self.round / self.config.max_rounds
         return rows
 
@@ -385,7 +403,7 @@ class Deliberation:
 
     def _request(self, agent: int, messages, kind: RequestKind,
                  peer_states: Sequence[AgentState] | None = None) -> Request:
-        critic = kind == "critic"
+        critic, run = kind == "critic", kind == "run"
         config = self.config
         return Request(
             messages=messages,
@@ -393,9 +411,9 @@ class Deliberation:
             agent=agent,
             seed=request_seed(self._seed, self.request_round, agent, kind),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
-            temperature=config.critic_temperature if critic else self._temperatures[agent],
+            temperature=config.critic_temperature if critic else 0.0 if run else self._temperatures[agent],
             logprobs=critic and config.confidence == "critic",
-            token_logprobs=not critic and (config.confidence == "answer_logprobs" or self._signals),
+            token_logprobs=not critic and not run and (config.confidence == "answer_logprobs" or self._signals),
             context=self._context(agent, peer_states),
             episode=self._episode,
         )
@@ -446,10 +464,21 @@ class Deliberation:
         )
         self._spend(agent, completion)
 
+    def _absorb_output(self, index: int, output: str) -> None:
+        agent = self.agents[index]
+        try:
+            answer = self.task.extract_answer(output) if output.strip() else None
+        except Exception:  # an extractor bug must not crash the env on odd program output
+            answer = None
+        agent.tool_ran, agent.tool_agrees = answer is not None, answer is not None and answer == agent.answer
+        if answer is not None:
+            agent.answer, agent.correct = answer, self.grade(answer)
+
     def _concede(self, index: int, source: AgentState) -> None:
         agent = self.agents[index]
         changed = source.answer != agent.answer
         agent.text, agent.answer, agent.correct = source.text, source.answer, source.correct
+        agent.tool_ran, agent.tool_agrees = source.tool_ran, source.tool_agrees
         agent.signals = source.signals
         agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))
         if self.config.reintrospect_concede and self.config.confidence != "answer_logprobs":

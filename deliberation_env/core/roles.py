@@ -9,6 +9,8 @@ temperature. ``roles=`` gives one ``Role`` per agent, in agent order:
 | ``prompt``    | a prompt style of the task for solving and refining (arithmetic: ``default``, ``no_code``);  |
 |               | None: the task's own prompts                                                                |
 | ``temperature``| the solve and refine temperature; None: the config's ``temperature``                       |
+| ``tool``      | ``"python"``: the agent's program is run in the sandbox and its output is its answer          |
+|               | (``core.tools``: a program-aided agent); None: no tool                                      |
 
 A role may also be written as a mapping of these fields, or as its name alone. The critic call is the same
 for every role (one judge). Each agent's backend is the env's ``backend=[...]`` list, so a team of two models
@@ -22,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from deliberation_env.core.tools import TOOLS
+
 MAX_ROLES = 4
 """Distinct roles a team may hold (the width of the ``features="v3"`` role one-hot)."""
 
@@ -33,6 +37,7 @@ class Role:
     name: str
     prompt: str | None = None
     temperature: float | None = None
+    tool: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -43,6 +48,8 @@ class Role:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0.0 <= value <= 5.0):
             raise ValueError(f"role {self.name!r}: temperature must be a number in [0, 5] or None, got {value!r}")
+        if self.tool is not None and self.tool not in TOOLS:
+            raise ValueError(f"role {self.name!r}: tool must be one of {TOOLS} or None, got {self.tool!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
