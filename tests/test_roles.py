@@ -34,7 +34,7 @@ def test_bad_role_specs_get_one_clear_error(spec, message):
 
 
 def test_an_unknown_prompt_style_names_the_task_s_styles():
-    with pytest.raises(ValueError, match=r"no prompt style 'verse'; its styles: \['default', 'no_code'\]"):
+    with pytest.raises(ValueError, match=r"no prompt style 'verse'; its styles: \['default', 'no_code', 'program'\]"):
         deliberation_env.parallel_env(**SIM, roles=["a", {"name": "b", "prompt": "verse"}, "a"])
     assert make_roles(None, 3) is None
     assert make_roles(TEAM, 3)[1] == Role("words", "no_code", 1.0)

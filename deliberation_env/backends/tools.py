@@ -55,9 +55,10 @@ class PythonTool:
 
 
 def with_tools(backends: Sequence[Any], roles: Sequence[Any] | None) -> list[Any]:
-    """``backends`` wrapped in ``PythonTool`` (one wrapper per distinct backend) when a role has a tool; else
-    unchanged."""
+    """``backends`` wrapped in ``PythonTool`` (one wrapper per distinct backend; one already wrapped stays as it is)
+    when a role has a tool; else unchanged."""
     if not roles or all(role.tool is None for role in roles):
         return list(backends)
-    wrapped: dict[int, PythonTool] = {}
-    return [wrapped.setdefault(id(backend), PythonTool(backend)) for backend in backends]
+    wrapped: dict[int, Any] = {}
+    return [wrapped.setdefault(id(backend), backend if isinstance(backend, PythonTool) else PythonTool(backend))
+            for backend in backends]
