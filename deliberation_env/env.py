@@ -5,7 +5,8 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 
 | Import             | ``deliberation_env.parallel_env(task="arithmetic", backend="sim")``        |
 |--------------------|-----------------------------------------------------------------------------|
-| Actions            | Discrete(3): PERSIST = 0, REFINE = 1, CONCEDE = 2                           |
+| Actions            | Discrete(3): PERSIST = 0, REFINE = 1, CONCEDE = 2; with ``concede_to_peer``, |
+|                    | Discrete(2 + N): also 3 + k = CONCEDE to peer k (``core.actions``)          |
 | Parallel API       | yes (AEC form: ``deliberation_env.env(...)``)                               |
 | Agents             | ``agent_0`` ... ``agent_{N-1}`` (N = ``num_agents``), or ``agent_names``    |
 | Action shape       | scalar int                                                                  |
@@ -26,7 +27,7 @@ backend that gives none leaves those columns at documented neutral values.
 | ``self``       | Box(0, 1, (F,), float32)      | the agent's own state: answer schema, confidence, profile, last action, round |
 | ``peers``      | Box(0, 1, (N-1, F), float32)  | the peers' rows, in the fixed order i+1, i+2, ... (mod N)  |
 | ``agreement``  | Box(0, 1, (N-1,), float32)    | 1 where that peer holds the same answer as agent i       |
-| ``action_mask``| Box(0, 1, (3,), int8)         | legal actions: CONCEDE needs a peer with a different answer |
+| ``action_mask``| Box(0, 1, (A,), int8)         | legal actions (A = 3, or 2 + N): CONCEDE needs a peer with a different answer |
 
 The ground truth never enters an observation.
 
@@ -58,7 +59,9 @@ from pettingzoo import ParallelEnv
 
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.backends.grouping import generate_by_backend
+from deliberation_env.backends.tools import with_tools
 from deliberation_env.core import features
+from deliberation_env.core.actions import action_name
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
 from deliberation_env.formats import ObservationFormat
 from deliberation_env.options import CONFIG_KEYWORDS, FLAT_KEYWORDS, WRAPPER_KEYWORDS, env_parts
@@ -102,6 +105,8 @@ class DeliberationEnv(ParallelEnv):
         binding = bind_replay(self.backends, self.task, self.config, split)
         if binding is not None:  # a replay set: its recorded problems and its sample streams
             self.config = replace(self.config, streams=binding.streams, request_format=binding.request_format)
+        else:  # a program-aided role's runs go to the sandbox (a replay set answers its recorded runs)
+            self.backends = with_tools(self.backends, self.config.roles)
         self.problems: Sequence[Problem] = self.task.problems(split) if binding is None else binding.problems
         if len(self.problems) == 0:
             raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
@@ -110,11 +115,12 @@ class DeliberationEnv(ParallelEnv):
         self.possible_agents = _agent_names(agent_names, num_agents)
         self.agents: list[str] = []
         self._index = {name: i for i, name in enumerate(self.possible_agents)}
-        space = self.format.space(num_agents, width)
+        self.deliberation = Deliberation(self.task, self.config)
+        space = self.format.space(num_agents, width, self.deliberation.num_actions)
         self.observation_spaces = {agent: space for agent in self.possible_agents}
         self.state_space = gymnasium.spaces.Box(0.0, 1.0, (num_agents * width,), np.float32)
-        self.action_spaces = {agent: gymnasium.spaces.Discrete(len(Action)) for agent in self.possible_agents}
-        self.deliberation = Deliberation(self.task, self.config)
+        self.action_spaces = {agent: gymnasium.spaces.Discrete(self.deliberation.num_actions)
+                              for agent in self.possible_agents}
         self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]
         self._peer_matrix = np.array(self._peers, dtype=np.intp).reshape(num_agents, num_agents - 1)
         self.np_random, self.np_random_seed = seeding.np_random(None)
@@ -168,7 +174,7 @@ class DeliberationEnv(ParallelEnv):
         return observations, self._infos(None)
 
     def begin_step(self, actions: Mapping[str, Any]) -> None:
-        self.deliberation.begin_round(self._validate(actions))
+        self.deliberation.begin_round(*self._validate(actions))
 
     def end_step(self):
         outcome = self.deliberation.finish_round()
@@ -236,7 +242,9 @@ class DeliberationEnv(ParallelEnv):
             raise ValueError(f"no problem with id {options['problem_id']!r} in split {self.split!r}")
         return self.problems[int(self.np_random.integers(len(self.problems)))]
 
-    def _validate(self, actions: Mapping[str, Any]) -> list[Action]:
+    def _validate(self, actions: Mapping[str, Any]) -> tuple[list[Action], list[int | None]]:
+        """Each live agent's meta-action and named concede target (None: the rule's), masked ones as PERSIST
+        under ``invalid_action="persist"``."""
         if self.deliberation.pending_requests():
             raise RuntimeError(
                 "the last reset() or step() was interrupted (e.g. by a BackendError) before its completions arrived; "
@@ -251,27 +259,28 @@ class DeliberationEnv(ParallelEnv):
         extra = [a for a in actions if a not in self._index]
         if missing or extra:
             raise KeyError(f"actions must have exactly one entry per live agent {self.agents}; missing {missing}, unknown {extra}")
-        chosen = []
+        core, count = self.deliberation, self.deliberation.num_actions
+        chosen, targets = [], []
         for agent in self.agents:
             value = actions[agent]
             if isinstance(value, np.ndarray) and value.shape == ():
                 value = value.item()
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < len(Action):
-                raise ValueError(
-                    f"action {value!r} for {agent} is not one of {[f'{a.value}={a.name}' for a in Action]}"
-                )
-            action = Action(int(value))
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < count:
+                raise ValueError(f"action {value!r} for {agent} is not one of "
+                                 f"{[f'{i}={action_name(i)}' for i in range(count)]}")
             index = self._index[agent]
-            if action is Action.CONCEDE and self.deliberation.concede_target(index) is None:
+            action, target = core.decode_action(index, int(value))
+            if not core.action_mask(index)[int(value)]:
                 if self.invalid_action == "raise":
                     raise ValueError(
-                        f"CONCEDE is masked for {agent}: no peer holds a different answer (see obs['action_mask']); "
-                        "pass invalid_action='persist' to treat masked actions as PERSIST"
+                        f"{action_name(int(value))} is masked for {agent}: no such peer holds a different answer (see "
+                        "obs['action_mask']); pass invalid_action='persist' to treat masked actions as PERSIST"
                     )
-                action = Action.PERSIST
+                action, target = Action.PERSIST, None
             chosen.append(action)
+            targets.append(target)
         self._last_actions = list(chosen)
-        return chosen
+        return chosen, targets
 
     def _observations(self) -> dict[str, Any]:
         # Every array is built once per call for all agents (fresh each step); agents get views of their rows.

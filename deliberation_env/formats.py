@@ -6,7 +6,7 @@ action_mask=..., infos=...)`` (docs/interop.md has a recipe per library):
 
 - ``observation="dict"`` (default): ``{"self", "peers", "agreement", "action_mask"}``.
 - ``observation="flat"``: one float32 Box vector ``[self, peers.ravel(), agreement, action_mask]``
-  (the mask, when in the observation, is the last 3 entries).
+  (the mask, when in the observation, is the last 3 entries; 2 + N with ``concede_to_peer``).
 - ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (3,)}``,
   PettingZoo's classic convention (``observation_key="observations"`` for RLlib's masking module).
 - ``action_mask="observation" | "info" | "both"``: where the legal-action mask goes, under
@@ -79,10 +79,12 @@ class ObservationFormat:
         return (f"ObservationFormat({self.mode!r}, action_mask={place[self.mask_in_observation, self.mask_in_info]!r}, "
                 f"infos={self.infos!r})")
 
-    def space(self, num_agents: int, width: int = features.NUM_FEATURES) -> gymnasium.spaces.Space:
-        """The observation space of one agent of an env with ``num_agents`` agents and ``width`` features each."""
+    def space(self, num_agents: int, width: int = features.NUM_FEATURES,
+              num_actions: int = NUM_ACTIONS) -> gymnasium.spaces.Space:
+        """The observation space of one agent of an env with ``num_agents`` agents, ``width`` features each and
+        ``num_actions`` action indices (the mask's width)."""
         peers = num_agents - 1
-        mask = gymnasium.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8)
+        mask = gymnasium.spaces.Box(0, 1, (num_actions,), np.int8)
         if self.mode == "dict":
             parts: dict[str, gymnasium.spaces.Space[Any]] = {
                 "self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
@@ -92,7 +94,7 @@ class ObservationFormat:
             if self.mask_in_observation:
                 parts[self.mask_key] = mask
             return gymnasium.spaces.Dict(parts)
-        size = width * num_agents + peers + (NUM_ACTIONS if self.mode == "flat" and self.mask_in_observation else 0)
+        size = width * num_agents + peers + (num_actions if self.mode == "flat" and self.mask_in_observation else 0)
         vector = gymnasium.spaces.Box(0.0, 1.0, (size,), np.float32)
         if self.mode == "flat":
             return vector

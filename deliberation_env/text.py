@@ -247,7 +247,8 @@ class TextDeliberationEnv(ParallelEnv):
         self._pending, self._answers, self._turns = [], [], {}  # until it returns: nothing to answer
         while True:
             requests = core.pending_requests()
-            if requests and self.critic_by_backend and all(r.kind == "critic" for r in requests):
+            if requests and (all(r.kind == "run" for r in requests)  # a program-aided role's runs: the sandbox
+                             or self.critic_by_backend and all(r.kind == "critic" for r in requests)):
                 core.receive(generate_grouped(requests, meta.backends))
                 continue
             if requests:

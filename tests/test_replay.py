@@ -13,7 +13,7 @@ import pytest
 import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.sim import SimBackend
-from deliberation_env.core.deliberation import CONCEDE_TARGETS, CONFIDENCE_SOURCES
+from deliberation_env.core.config import CONCEDE_TARGETS, CONFIDENCE_SOURCES
 from deliberation_env.record import main as record
 from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, ReplaySet, replay_env, shipped
 from deliberation_env.replay.dataset import HUB_PREFIX, read_records
@@ -275,16 +275,19 @@ def test_unknown_names_list_the_shipped_sets():
 @pytest.mark.parametrize("name", shipped())
 def test_every_shipped_set_replays_without_a_miss(name):
     dataset = ReplaySet(name)
-    rules = CONCEDE_TARGETS if dataset.card.concede_targets == "all" else (dataset.card.settings["concede_target"],)
-    for split, confidence, rule in itertools.product(dataset.card.splits, dataset.card.confidence_sources, rules):
-        env = replay_env(dataset, split=split, confidence=confidence, concede_target=rule)
+    every = dataset.card.concede_targets == "all"
+    rules = CONCEDE_TARGETS if every else (dataset.card.settings["concede_target"],)
+    named = (False, True) if every else (False,)  # a set with every target also serves CONCEDE to a named peer
+    for split, confidence, rule, to_peer in itertools.product(dataset.card.splits, dataset.card.confidence_sources,
+                                                              rules, named):
+        env = replay_env(dataset, split=split, confidence=confidence, concede_target=rule, concede_to_peer=to_peer)
         rng = np.random.default_rng(0)
         for episode in range(30):
             env.reset(seed=episode)
             while env.agents:
                 masks = {a: env.deliberation.action_mask(i) for i, a in enumerate(env.agents)}
                 env.step({a: int(rng.choice(np.flatnonzero(m))) for a, m in masks.items()})
-        assert env.backends[0].misses == 0, (split, confidence, rule)
+        assert env.backends[0].misses == 0, (split, confidence, rule, to_peer)
 
 
 @pytest.mark.model

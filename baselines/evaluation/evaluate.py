@@ -128,7 +128,8 @@ def seed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
         correct += bool(record["correct"])
         score += record["reward"] / record["agents"]
         tokens += record["tokens"]
-        actions.update(record["actions"])
+        for index, count in record["actions"].items():  # a CONCEDE to a named peer (index 3 + k) is a CONCEDE
+            actions[min(int(index), Action.CONCEDE)] += count
     total = sum(actions.values()) or 1
     result = {"accuracy": correct / problems if has_flag else float("nan"), "score": score / problems,
               "tokens": tokens / problems}

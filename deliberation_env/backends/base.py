@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, cast, runtime_checkable
 from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.chat import Message
 
-RequestKind = Literal["solve", "refine", "critic"]
+RequestKind = Literal["solve", "refine", "critic", "run"]
 
 
 @dataclass(frozen=True)

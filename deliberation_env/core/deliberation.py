@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import cast
 
 import numpy as np
@@ -32,25 +32,20 @@ import numpy as np
 from deliberation_env.backends.base import Completion, Request, RequestKind, sanitize_completion
 from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.core import features
+from deliberation_env.core.actions import FIRST_PEER_ACTION, Action, decode, num_actions
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
+from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.core.consensus import plurality, support
-from deliberation_env.core.rewards import RoundFacts, check_weights, reward_components, total_reward
-from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS, request_seed, stream_seed
-from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
+from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
+from deliberation_env.core.roles import role_indices
+from deliberation_env.core.seeds import request_seed, stream_seed
+from deliberation_env.core.tools import program_of, run_messages
+from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale, styled
 
 log = logging.getLogger(__name__)
+__all__ = ["Action", "AgentState", "Deliberation", "DeliberationConfig", "Phase", "RoundOutcome"]
 
 
-class Action(IntEnum):
-    """The meta-actions."""
-
-    PERSIST = 0
-    REFINE = 1
-    CONCEDE = 2
-
-
-CONCEDE_TARGETS = ("most_confident", "plurality")
-CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
 _EPISODE_IDS = itertools.count(1)  # Request.episode: distinct per episode in this process
 _PARSED: dict[tuple[int, str], tuple[str | None, tuple[float, ...]]] = {}
 """(id(task), text) -> (extracted answer, text profile), shared by every deliberation in the process: texts repeat
@@ -58,65 +53,6 @@ within and across episodes and envs (a sim renders a few texts per problem), and
 _PARSED_TASKS: dict[int, Task] = {}
 """The tasks whose ids key ``_PARSED``, kept alive while their entries exist (so that no id is reused)."""
 _PARSED_LIMIT = 32_768
-
-
-@dataclass(frozen=True)
-class DeliberationConfig:
-    """Settings of the deliberation (validated on construction)."""
-
-    num_agents: int = 3
-    max_rounds: int = 3
-    concede_target: str = "most_confident"
-    """Whom CONCEDE adopts: the most confident disagreeing peer, or the peers' plurality answer."""
-    early_stop: bool = False
-    """End the episode early when every agent PERSISTs on a unanimous answer."""
-    reintrospect_concede: bool = True
-    """Re-run the critic after a CONCEDE (else the agent copies the target's confidence)."""
-    reward_weights: Mapping[str, float] = field(default_factory=dict)
-    confidence: str = "critic"
-    """Where an agent's confidence comes from: ``critic`` (a second call; its first-token Yes/No
-    log-probabilities, else the number or verdict it writes), ``critic_text`` (the same call without
-    asking for log-probabilities, for servers that cannot return them), or ``answer_logprobs`` (the
-    probability of the answer's own tokens in the solution: no critic call at all)."""
-    max_tokens: int = 512
-    critic_max_tokens: int = 48
-    temperature: float = 0.7
-    critic_temperature: float = 0.0
-    streams: int | None = None
-    """When set, every episode draws its generations from one of this many sample streams per problem: the
-    episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream, problem id)``. Replay sets
-    record S streams per problem and set this to S; None (the default) uses the episode seed itself."""
-    request_format: int = REQUEST_FORMAT
-    """How stream seeds are derived (``REQUEST_FORMAT``); only replay sets recorded under an older format set it."""
-    features: str = "v1"
-    """The observation's feature set (``core.features.FEATURE_SETS``): ``v1``, or ``v2``, which adds signals read
-    off each agent's latest completion and asks the backend for token log-probabilities (the requests' replay keys
-    stay the same: a replay set serves both)."""
-
-    def __post_init__(self) -> None:
-        _check_int("num_agents", self.num_agents, 1)
-        _check_int("max_rounds", self.max_rounds, 1)
-        _check_int("max_tokens", self.max_tokens, 1)
-        _check_int("critic_max_tokens", self.critic_max_tokens, 1)
-        if self.streams is not None:
-            _check_int("streams", self.streams, 1)
-        if self.request_format not in REQUEST_FORMATS:
-            raise ValueError(f"request_format must be one of {REQUEST_FORMATS}, got {self.request_format!r}")
-        if self.confidence not in CONFIDENCE_SOURCES:
-            raise ValueError(f"confidence must be one of {CONFIDENCE_SOURCES}, got {self.confidence!r}")
-        features.feature_names(self.features)  # ValueError naming the feature sets
-        if self.concede_target not in CONCEDE_TARGETS:
-            raise ValueError(f"concede_target must be one of {CONCEDE_TARGETS}, got {self.concede_target!r}")
-        for name in ("temperature", "critic_temperature"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 5.0:
-                raise ValueError(f"{name} must be a number in [0, 5], got {value!r}")
-        object.__setattr__(self, "reward_weights", check_weights(self.reward_weights))
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass
@@ -132,6 +68,10 @@ class AgentState:
     profile: tuple[float, ...] = (0.0,) * len(features.PROFILE_FEATURES)
     signals: features.CompletionSignals = features.NO_SIGNALS
     """The raw signals of its latest completion (kept with ``features="v2"``; a CONCEDE takes its target's)."""
+    tool_ran: bool = False
+    """Its role's tool (``core.tools``) read an answer off its latest solution's program output."""
+    tool_agrees: bool = False
+    """That answer equals the one its text states (an external check of the text)."""
     last_action: Action | None = None
     refinements: int = 0
     step_tokens: int = 0
@@ -160,6 +100,7 @@ class RoundOutcome:
 class Phase(Enum):
     IDLE = "idle"
     GENERATE = "generate"
+    TOOL = "tool"
     CRITIC = "critic"
     READY = "ready"
 
@@ -191,6 +132,15 @@ class Deliberation:
         count = config.num_agents
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
         self._signals = config.features != "v1"
+        self._roles = role_indices(config.roles, count) if config.features == "v3" else None
+        self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt)
+                       for role in (config.roles or [None] * count)]
+        """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
+        self._tools = [None if role is None else role.tool for role in (config.roles or [None] * count)]
+        self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
+                              for role in (config.roles or [None] * count)]
+        self.num_actions = num_actions(count, config.concede_to_peer)
+        """The width of an action mask: 3, plus one CONCEDE per peer with ``config.concede_to_peer``."""
         self._width = features.num_features(config.features)
 
     # ----------------------------------------------------------------- phases
@@ -207,8 +157,8 @@ class Deliberation:
         self._changed, self._starting = [], True
         self._derived = {}
         self.round_requests = []
-        messages = self.task.solve_messages(problem)
-        self._request_generation([(i, messages, "solve") for i in range(self.config.num_agents)])
+        self._request_generation([(i, self._tasks[i].solve_messages(problem), "solve")
+                                  for i in range(self.config.num_agents)])
 
     def begin_round(self, actions: Sequence[Action], targets: Sequence[int | None] | None = None) -> None:
         """Apply one meta-action per agent (already validated and legal), all on the round-start state.
@@ -233,7 +183,7 @@ class Deliberation:
             agent.last_action, agent.step_tokens = Action(action), 0
             if action == Action.REFINE:
                 peers = [PeerView(snapshot[j].answer, short_rationale(snapshot[j].text)) for j in self.peer_indices(i)]
-                jobs.append((i, self.task.refine_messages(self.problem, agent.text, peers), "refine"))
+                jobs.append((i, self._tasks[i].refine_messages(self.problem, agent.text, peers), "refine"))
                 agent.refinements += 1
             elif action == Action.CONCEDE and (target := targets[i]) is not None:  # masked CONCEDE: adapter decides
                 self._concede(i, snapshot[target])
@@ -258,11 +208,21 @@ class Deliberation:
                                    for r, c in zip(requests, completions))
         self._derived = {}
         if self.phase is Phase.GENERATE:
+            runs = []
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
                 if self.config.confidence == "answer_logprobs":
                     agent = self.agents[request.agent]
                     agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
+                if self._tools[request.agent] is not None and (program := program_of(completion.text)) is not None:
+                    runs.append(self._request(request.agent, run_messages(program), "run"))
+            if runs:
+                self._pending, self.phase = runs, Phase.TOOL
+            else:
+                self._request_critics()
+        elif self.phase is Phase.TOOL:
+            for request, completion in zip(requests, completions):
+                self._absorb_output(request.agent, completion.text)
             self._request_critics()
         elif self.phase is Phase.CRITIC:
             for request, completion in zip(requests, completions):
@@ -363,21 +323,39 @@ class Deliberation:
             others = [j for j in others if self.agents[j].answer == chosen]
         return max(others, key=lambda j: (self.agents[j].confidence, -j))
 
+    def decode_action(self, agent: int, index: int) -> tuple[Action, int | None]:
+        """The meta-action and named concede target (None: the rule's) of ``agent``'s action ``index``."""
+        return decode(index, self._peers[agent])
+
     def action_mask(self, agent: int) -> np.ndarray:
-        """int8 [PERSIST, REFINE, CONCEDE]: CONCEDE only when a concede target exists."""
-        return np.array([1, 1, 0 if self.concede_target(agent) is None else 1], dtype=np.int8)
+        """int8 over the action indices: CONCEDE where a concede target exists; CONCEDE to peer k where peer k
+        holds another answer (``concede_to_peer``)."""
+        mask = np.ones(self.num_actions, dtype=np.int8)
+        mask[Action.CONCEDE] = self.concede_target(agent) is not None
+        if self.config.concede_to_peer:
+            options = self.concede_options(agent)
+            mask[FIRST_PEER_ACTION:] = [peer in options for peer in self._peers[agent]]
+        return mask
 
     def action_masks(self) -> np.ndarray:
-        """Every agent's ``action_mask`` as the rows of one fresh (N, 3) int8 array."""
-        return np.array([[1, 1, self.concede_target(i) is not None] for i in range(len(self.agents))], dtype=np.int8)
+        """Every agent's ``action_mask`` as the rows of one fresh (N, num_actions) int8 array."""
+        if not self.config.concede_to_peer:
+            return np.array([[1, 1, self.concede_target(i) is not None] for i in range(len(self.agents))],
+                            dtype=np.int8)
+        return np.stack([self.action_mask(i) for i in range(len(self.agents))])
 
-    def oracle_action(self, agent: int) -> Action:
-        """The oracle label (docs/method.md, section 4): PERSIST if right, CONCEDE if its target is, else REFINE."""
+    def oracle_action(self, agent: int) -> int:
+        """The oracle label (docs/method.md, section 4): PERSIST if right, CONCEDE if its target is, else (with
+        ``concede_to_peer``) CONCEDE to the first right peer it can adopt, else REFINE."""
         if self.agents[agent].correct:
             return Action.PERSIST
         target = self.concede_target(agent)
         if target is not None and self.agents[target].correct:
             return Action.CONCEDE
+        if self.config.concede_to_peer:
+            for slot, peer in enumerate(self._peers[agent]):
+                if peer in self.concede_options(agent) and self.agents[peer].correct:
+                    return FIRST_PEER_ACTION + slot
         return Action.REFINE
 
     def feature_matrix(self) -> np.ndarray:
@@ -396,8 +374,11 @@ class Deliberation:
             row[features.ACTION_OFFSET + (0 if agent.last_action is None else 1 + agent.last_action)] = 1.0
             if self._signals:
                 target = self.concede_target(i)
-                row[features.SIGNAL_OFFSET : -1] = agent.signals.row()
-                row[-1] = target is not None and self.agents[target].answer == consensus
+                row[features.SIGNAL_OFFSET : features.ROLE_OFFSET - 1] = agent.signals.row()
+                row[features.ROLE_OFFSET - 1] = target is not None and self.agents[target].answer == consensus
+            if self._roles is not None:
+                row[features.ROLE_OFFSET + self._roles[i]] = 1.0
+                row[features.TOOL_OFFSET : features.TOOL_OFFSET + 2] = agent.tool_ran, agent.tool_agrees
         rows[:, features.NUM_FEATURES - 1] = self.round / self.config.max_rounds
         return rows
 
@@ -422,7 +403,7 @@ class Deliberation:
 
     def _request(self, agent: int, messages, kind: RequestKind,
                  peer_states: Sequence[AgentState] | None = None) -> Request:
-        critic = kind == "critic"
+        critic, run = kind == "critic", kind == "run"
         config = self.config
         return Request(
             messages=messages,
@@ -430,9 +411,9 @@ class Deliberation:
             agent=agent,
             seed=request_seed(self._seed, self.request_round, agent, kind),
             max_tokens=config.critic_max_tokens if critic else config.max_tokens,
-            temperature=config.critic_temperature if critic else config.temperature,
+            temperature=config.critic_temperature if critic else 0.0 if run else self._temperatures[agent],
             logprobs=critic and config.confidence == "critic",
-            token_logprobs=not critic and (config.confidence == "answer_logprobs" or self._signals),
+            token_logprobs=not critic and not run and (config.confidence == "answer_logprobs" or self._signals),
             context=self._context(agent, peer_states),
             episode=self._episode,
         )
@@ -483,10 +464,21 @@ class Deliberation:
         )
         self._spend(agent, completion)
 
+    def _absorb_output(self, index: int, output: str) -> None:
+        agent = self.agents[index]
+        try:
+            answer = self.task.extract_answer(output) if output.strip() else None
+        except Exception:  # an extractor bug must not crash the env on odd program output
+            answer = None
+        agent.tool_ran, agent.tool_agrees = answer is not None, answer is not None and answer == agent.answer
+        if answer is not None:
+            agent.answer, agent.correct = answer, self.grade(answer)
+
     def _concede(self, index: int, source: AgentState) -> None:
         agent = self.agents[index]
         changed = source.answer != agent.answer
         agent.text, agent.answer, agent.correct = source.text, source.answer, source.correct
+        agent.tool_ran, agent.tool_agrees = source.tool_ran, source.tool_agrees
         agent.signals = source.signals
         agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))
         if self.config.reintrospect_concede and self.config.confidence != "answer_logprobs":

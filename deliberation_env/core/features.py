@@ -1,9 +1,9 @@
 """Agent states -> fixed-length float vectors: the observation contract.
 
 Every agent is described by one row of floats, all in [0, 1]. The env option ``features`` picks the
-feature set (``FEATURE_SETS``): ``"v1"`` (the default, ``NUM_FEATURES`` = 16 columns) or ``"v2"`` (v1's
+feature set (``FEATURE_SETS``): ``"v1"`` (the default, ``NUM_FEATURES`` = 16 columns), ``"v2"`` (v1's
 16 columns, then ``SIGNAL_FEATURES``: 7 read off the agent's latest completion and its concede target,
-23 in all). Columns 0-15 are the same in both sets.
+23 in all) or ``"v3"`` (v2, then the agent's role and tool: 29). Each set begins with the columns of the one before.
 
 | index | name              | meaning                                                             |
 |-------|-------------------|---------------------------------------------------------------------|
@@ -42,6 +42,16 @@ CONCEDE takes its target's). The core then asks the backend for every generated 
 | 22    | target_in_consensus | 1 if its concede target holds the team's plurality answer         | 0       |
 |       |                     | (0 when CONCEDE is masked)                                        |         |
 
+``features="v3"`` appends the agent's role (``core.roles``) and its tool's verdict to v2's 23 columns, 29 in all:
+
+| index | name        | meaning                                                                             |
+|-------|-------------|-------------------------------------------------------------------------------------|
+| 23-26 | role        | one-hot: the agent's role, numbered by first appearance in ``roles`` (a homogeneous |
+|       |             | team: role_0 for every agent)                                                       |
+| 27    | tool_ran    | 1 if its role's tool read an answer off its latest solution (``core.tools``: the    |
+|       |             | program ran and printed one); 0 without a tool                                      |
+| 28    | tool_agrees | 1 if that answer equals the one its text states: an external check of the text      |
+
 The neutral value is a column's value without what it reads: ``answer_prob`` from a backend that gives no
 token log-probabilities (then ``logprobs`` is 0), ``stopped`` from one that names no finish reason,
 ``equations_valid`` for a text without checkable equations, the others without an answer, a code block or a
@@ -59,6 +69,7 @@ from dataclasses import dataclass, replace
 
 from deliberation_env.backends.base import Completion
 from deliberation_env.core.confidence import answer_logprob, well_formed_logprobs
+from deliberation_env.core.roles import MAX_ROLES
 
 PROFILE_FEATURES = ("steps", "length", "equations", "checked", "hedged", "revisions", "changed")
 FEATURES = (
@@ -80,9 +91,14 @@ ACTION_OFFSET = PROFILE_OFFSET + len(PROFILE_FEATURES)
 SIGNAL_FEATURES = ("logprobs", "answer_prob", "stopped", "answer_repeats", "equations_valid", "code",
                    "target_in_consensus")
 """v2's columns after v1's (see the table above)."""
-FEATURE_SETS: dict[str, tuple[str, ...]] = {"v1": FEATURES, "v2": FEATURES + SIGNAL_FEATURES}
+ROLE_FEATURES = (*(f"role_{k}" for k in range(MAX_ROLES)), "tool_ran", "tool_agrees")
+"""v3's columns after v2's (see the table above)."""
+FEATURE_SETS: dict[str, tuple[str, ...]] = {"v1": FEATURES, "v2": FEATURES + SIGNAL_FEATURES,
+                                            "v3": FEATURES + SIGNAL_FEATURES + ROLE_FEATURES}
 """Feature set name -> its column names, in order."""
 SIGNAL_OFFSET = NUM_FEATURES
+ROLE_OFFSET = SIGNAL_OFFSET + len(SIGNAL_FEATURES)
+TOOL_OFFSET = ROLE_OFFSET + MAX_ROLES
 NEUTRAL = 0.5
 """``answer_prob`` without token log-probabilities, ``equations_valid`` without equations to check."""
 REPEATS_SCALE = 5.0

@@ -11,7 +11,7 @@ import hashlib
 
 from deliberation_env.backends.base import RequestKind
 
-KIND_IDS: dict[str, int] = {"solve": 1, "refine": 2, "critic": 3}
+KIND_IDS: dict[str, int] = {"solve": 1, "refine": 2, "critic": 3, "run": 4}
 REQUEST_FORMAT = 2
 """The version of how requests are derived from an episode (seeds, kinds, rounds). Bump it with any change that
 makes the same episode ask for other requests: recorded replay sets store it and refuse to load under another.

@@ -29,6 +29,7 @@ from typing import Any
 
 from deliberation_env.backends.base import Completion, Request
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+from deliberation_env.core.roles import roles_setting
 from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
 from deliberation_env.replay.format import MIGRATE_COMMAND, DamagedSet, read_chunk, verify
 from deliberation_env.tasks.base import PeerView, Problem, Task
@@ -104,7 +105,12 @@ def prompt_fingerprint(task: Task) -> str:
 
 
 def settings_of(config: DeliberationConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in SETTING_FIELDS}
+    """``SETTING_FIELDS`` of ``config``, and its ``roles`` as plain data when the team has roles (a homogeneous
+    team's settings hold no ``roles`` key, as every set recorded before roles existed)."""
+    settings = {name: getattr(config, name) for name in SETTING_FIELDS}
+    if config.roles is not None:
+        settings["roles"] = roles_setting(config.roles)
+    return settings
 
 
 @dataclass
@@ -309,7 +315,16 @@ class ReplaySet:
         if fingerprint != card.prompt_fingerprint:
             raise ReplayError(f"{where} was recorded with other prompts (task_kwargs {card.task_kwargs}); build the "
                               "env with deliberation_env.replay_env(), or record the set again for these prompts")
+        if config.concede_to_peer and card.concede_targets != "all":
+            raise ReplayError(f"{where} was recorded with CONCEDE to the {card.settings.get('concede_target')!r} "
+                              "rule's peer only, so it cannot serve concede_to_peer=True; use a set recorded with "
+                              "--concede-targets all, or record one")
+        if card.settings.get("roles") != roles_setting(config.roles):
+            raise ReplayError(f"{where} was recorded with roles={card.settings.get('roles')!r}, the env has "
+                              f"roles={roles_setting(config.roles)!r}; pass the set's roles (replay_env() does)")
         for name, recorded in card.settings.items():
+            if name == "roles":
+                continue  # compared above, as plain data
             if name == "concede_target" and card.concede_targets == "all":
                 continue  # every peer a CONCEDE can adopt is recorded
             if getattr(config, name) != recorded:

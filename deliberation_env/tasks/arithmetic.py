@@ -8,7 +8,9 @@ in the default ``levels``. A split is a fixed, seeded list: ``train`` (2,000 pro
 ``test`` (500), with levels drawn uniformly; no question appears twice, within a split or across them.
 
 ``prompt="no_code"`` asks for a solution in words and arithmetic instead of code (small coder
-models otherwise often write a program and never state the result).
+models otherwise often write a program and never state the result); ``prompt="program"`` asks for a Python
+program that prints the answer, for a program-aided role (``Role(prompt="program", tool="python")``, whose
+program the sandbox runs).
 
 Distractors (for the simulated backend) are the answers of typical slips: skipping the
 last step, reversing one add/remove, off-by-one in a pack count.
@@ -52,7 +54,20 @@ NO_CODE_PROMPTS = replace(
         "Solve it again step by step and", "Solve it again step by step in words and arithmetic (do not write code) and"
     ),
 )
-PROMPT_STYLES = {"default": PROMPTS, "no_code": NO_CODE_PROMPTS}
+PROGRAM_PROMPTS = replace(
+    PROMPTS,
+    solve=(
+        "Write a short Python program that computes the answer to the problem and prints it (only the number). "
+        "Reply with the program alone, in one ```python code block.\n\nProblem: {question}"
+    ),
+    refine=(
+        "Problem: {question}\n\nYour previous solution:\n{own_solution}\n\n"
+        "Other agents' answers:\n{peer_solutions}\n\n"
+        "Re-examine the problem using their reasoning where it helps. Write a short Python program that computes "
+        "the answer and prints it (only the number), in one ```python code block."
+    ),
+)
+PROMPT_STYLES = {"default": PROMPTS, "no_code": NO_CODE_PROMPTS, "program": PROGRAM_PROMPTS}
 LEVELS = (0, 1, 2, 3, 4, 5)
 ALL_OPS = ("add", "remove", "multiply", "share", "packs")
 ONE_STEP_OPS = ("add", "remove", "multiply", "share")  # packs is two operations (x * y, then add)
@@ -164,12 +179,13 @@ def _generate_split(split: str, seed: int, count: int, levels: tuple[int, ...], 
 class ArithmeticTask(BaseTask):
     """Seeded multi-step integer word problems; exact grading.
 
-    ``levels``: which levels (0-5) a split draws from, uniformly; ``prompt``: ``"default"`` or
-    ``"no_code"`` (solve and refine ask for words and arithmetic, not code); ``unique``: splits disjoint and free of
+    ``levels``: which levels (0-5) a split draws from, uniformly; ``prompt``: ``"default"``, ``"no_code"`` (solve and
+    refine ask for words and arithmetic, not code) or ``"program"`` (a Python program that prints the answer); ``unique``: splits disjoint and free of
     repeated questions (False only to read replay sets recorded before repeats were drawn again).
     """
 
     name = "arithmetic"
+    prompt_styles = PROMPT_STYLES
 
     def __init__(self, data_dir: object = None, levels: Sequence[int] = (1, 2, 3, 4, 5), num_problems: int | None = None,
                  prompt: str = "default", unique: bool = True):

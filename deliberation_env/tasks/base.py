@@ -16,12 +16,13 @@ A task is a small object. The environment needs from it:
 
 from __future__ import annotations
 
+import copy
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from deliberation_env.chat import Message
 
@@ -100,6 +101,18 @@ class Task(Protocol):
     def render_solution(self, problem: Problem, answer: str | None, rng: random.Random) -> str: ...
 
 
+def styled(task: Task, style: str) -> Task:
+    """A view of ``task`` that solves and refines with its prompt style ``style`` (``BaseTask.prompt_styles``; a
+    role's ``prompt``): the same problems, answers, grading and critic prompt. ValueError names the styles."""
+    styles = getattr(task, "prompt_styles", {})
+    if style not in styles:
+        raise ValueError(f"task {getattr(task, 'name', task)!r} has no prompt style {style!r}; its styles: "
+                         f"{sorted(styles) or 'none (only its own prompts: prompt=None)'}")
+    view = copy.copy(task)
+    view.prompts = replace(styles[style], critic=task.prompts.critic)
+    return view
+
+
 def short_rationale(text: str, max_chars: int = 400) -> str:
     """The last ``max_chars`` characters of a solution, on a line boundary where possible."""
     text = text.strip()
@@ -117,6 +130,8 @@ class BaseTask:
 
     name: str = "task"
     prompts: Prompts
+    prompt_styles: ClassVar[Mapping[str, Prompts]] = {}
+    """Named prompt styles a role may solve with (``core.roles``; ``styled``)."""
     rationale_chars: int = 400
 
     def with_prompts(self, **templates: str) -> BaseTask:

@@ -1,0 +1,83 @@
+"""The deliberation's settings (``DeliberationConfig``), validated on construction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from deliberation_env.core import features
+from deliberation_env.core.rewards import check_weights
+from deliberation_env.core.roles import make_roles
+from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
+
+CONCEDE_TARGETS = ("most_confident", "plurality")
+CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
+
+
+@dataclass(frozen=True)
+class DeliberationConfig:
+    """Settings of the deliberation (validated on construction)."""
+
+    num_agents: int = 3
+    max_rounds: int = 3
+    concede_target: str = "most_confident"
+    """Whom CONCEDE adopts: the most confident disagreeing peer, or the peers' plurality answer."""
+    concede_to_peer: bool = False
+    """Also offer one CONCEDE per peer (action ``3 + k`` adopts peer k's answer, in the observation's peer order;
+    ``core.actions``), so a policy can choose whom it adopts; CONCEDE (2) keeps following ``concede_target``."""
+    early_stop: bool = False
+    """End the episode early when every agent PERSISTs on a unanimous answer."""
+    reintrospect_concede: bool = True
+    """Re-run the critic after a CONCEDE (else the agent copies the target's confidence)."""
+    reward_weights: Mapping[str, float] = field(default_factory=dict)
+    confidence: str = "critic"
+    """Where an agent's confidence comes from: ``critic`` (a second call; its first-token Yes/No
+    log-probabilities, else the number or verdict it writes), ``critic_text`` (the same call without
+    asking for log-probabilities, for servers that cannot return them), or ``answer_logprobs`` (the
+    probability of the answer's own tokens in the solution: no critic call at all)."""
+    max_tokens: int = 512
+    critic_max_tokens: int = 48
+    temperature: float = 0.7
+    critic_temperature: float = 0.0
+    streams: int | None = None
+    """When set, every episode draws its generations from one of this many sample streams per problem: the
+    episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream, problem id)``. Replay sets
+    record S streams per problem and set this to S; None (the default) uses the episode seed itself."""
+    request_format: int = REQUEST_FORMAT
+    """How stream seeds are derived (``REQUEST_FORMAT``); only replay sets recorded under an older format set it."""
+    features: str = "v1"
+    """The observation's feature set (``core.features.FEATURE_SETS``): ``v1``, or ``v2``, which adds signals read
+    off each agent's latest completion and asks the backend for token log-probabilities (the requests' replay keys
+    stay the same: a replay set serves both), or ``v3``: v2 and each agent's role."""
+    roles: Sequence[Any] | None = None
+    """One ``core.roles.Role`` per agent (a prompt style and a temperature each; a mapping or a name is read as
+    one), or None: the homogeneous team. Stored as a tuple of ``Role``."""
+
+    def __post_init__(self) -> None:
+        _check_int("num_agents", self.num_agents, 1)
+        _check_int("max_rounds", self.max_rounds, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("critic_max_tokens", self.critic_max_tokens, 1)
+        if self.streams is not None:
+            _check_int("streams", self.streams, 1)
+        if self.request_format not in REQUEST_FORMATS:
+            raise ValueError(f"request_format must be one of {REQUEST_FORMATS}, got {self.request_format!r}")
+        if self.confidence not in CONFIDENCE_SOURCES:
+            raise ValueError(f"confidence must be one of {CONFIDENCE_SOURCES}, got {self.confidence!r}")
+        features.feature_names(self.features)  # ValueError naming the feature sets
+        if self.concede_target not in CONCEDE_TARGETS:
+            raise ValueError(f"concede_target must be one of {CONCEDE_TARGETS}, got {self.concede_target!r}")
+        for name in ("temperature", "critic_temperature"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 5.0:
+                raise ValueError(f"{name} must be a number in [0, 5], got {value!r}")
+        object.__setattr__(self, "reward_weights", check_weights(self.reward_weights))
+        object.__setattr__(self, "roles", make_roles(self.roles, self.num_agents))
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

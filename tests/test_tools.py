@@ -1,0 +1,116 @@
+"""A program-aided role (``tool="python"``): its program runs in the sandbox, its output is its answer, replays."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import deliberation_env
+from deliberation_env import cli
+from deliberation_env.backends.base import Completion
+from deliberation_env.backends.tools import PythonTool, with_tools
+from deliberation_env.core import features
+from deliberation_env.core.roles import make_roles
+from deliberation_env.core.tools import program_of
+from deliberation_env.record import main as record
+from deliberation_env.registry import BACKENDS
+from deliberation_env.replay import replay_env
+
+TEAM = ["plain", {"name": "coder", "tool": "python"}, "plain"]
+ENV = {"task": "arithmetic", "task_kwargs": {"levels": [0, 1]}, "max_rounds": 1, "confidence": "critic_text"}
+
+
+class CodeWriter:
+    """Solutions whose program prints the right answer while the text states a wrong one (and, by seed, a program
+    that fails or none at all); critics say Yes. Deterministic in the request."""
+
+    def generate(self, requests):
+        out = []
+        for request in requests:
+            if request.kind == "critic":
+                out.append(Completion("Yes. Confidence: 0.6", 10, 4))
+                continue
+            question = request.messages[-1].content
+            numbers = [int(t) for t in question.replace("?", " ").replace(".", " ").split() if t.isdigit()]
+            style = request.seed % 3
+            program = {0: f"print({numbers[0]} + 0)", 1: "raise SystemExit(3)", 2: None}[style]
+            text = f"Let me compute.\n```python\n{program}\n```\n" if program else "I add them up.\n"
+            out.append(Completion(text + "The answer is 999999", 20, 12))
+        return out
+
+    def identity(self) -> str:
+        return "code-writer"
+
+
+def test_the_last_code_block_is_the_program():
+    assert program_of("a\n```python\nx = 1\n```\nb\n```\nprint(2)\n```\n") == "print(2)\n"
+    assert program_of("no code here") is None and program_of("```python\n\n```") is None
+    assert make_roles(TEAM, 3)[1].tool == "python"
+    with pytest.raises(ValueError, match=r"tool must be one of \('python',\) or None"):
+        make_roles(["a", {"name": "b", "tool": "bash"}, "a"], 3)
+
+
+def test_with_tools_wraps_only_when_a_role_has_a_tool():
+    writer = CodeWriter()
+    assert with_tools([writer] * 3, make_roles(["a", "a", "a"], 3)) == [writer] * 3
+    wrapped = with_tools([writer] * 3, make_roles(TEAM, 3))
+    assert isinstance(wrapped[0], PythonTool) and wrapped[0] is wrapped[2] and wrapped[0].inner is writer
+
+
+@pytest.mark.sandbox
+def test_the_program_s_output_becomes_the_answer_and_the_text_s_answer_stays_otherwise():
+    env = deliberation_env.parallel_env(**ENV, backend=CodeWriter(), roles=TEAM, features="v3")
+    seen = set()
+    for seed in range(12):
+        env.reset(seed=seed)
+        core = env.deliberation
+        problem = core.problem
+        for i, agent in enumerate(core.agents):
+            program = program_of(agent.text)
+            ran = i == 1 and program is not None and "print" in program
+            seen.add((i, ran))
+            assert agent.tool_ran == ran
+            assert agent.answer == (program.split("(")[1].split(" +")[0] if ran else "999999")
+            assert agent.tool_agrees is False
+            assert agent.correct == core.grade(agent.answer)
+            row = env.state().reshape(3, -1)[i]
+            assert row[features.TOOL_OFFSET:].tolist() == [float(ran), 0.0]
+        assert problem is core.problem
+    assert {(1, True), (1, False), (0, False)} <= seen  # a run that printed, and ones that failed or had no code
+
+
+@pytest.fixture(scope="module")
+def tool_set(tmp_path_factory):
+    BACKENDS.register("code-writer", CodeWriter, overwrite=True)
+    names = tuple(cli.BACKEND_NAMES)
+    cli.BACKEND_NAMES = (*names, "code-writer")
+    try:
+        out = tmp_path_factory.mktemp("sets") / "code-team"
+        record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "1", "--rounds", "1",
+                "--backend", "code-writer", "--task-option", "levels=[0,1]", "--agents", "3",
+                "--env-option", f"roles={TEAM!r}"])
+    finally:
+        cli.BACKEND_NAMES = names
+    return out
+
+
+@pytest.mark.sandbox
+def test_a_recorded_program_aided_team_replays_equal_to_live_without_running_code(tool_set, monkeypatch):
+    live = deliberation_env.parallel_env(**ENV, backend=CodeWriter(), roles=TEAM, streams=1, invalid_action="persist")
+    replayed = replay_env(str(tool_set), split="test", invalid_action="persist")
+    expected = {}
+    for problem in replayed.problems:
+        for joint in itertools.product(range(3), repeat=3):
+            options = {"problem_id": problem.id}
+            live.reset(seed=0, options=options)
+            expected[problem.id, joint] = live.step({f"agent_{i}": a for i, a in enumerate(joint)})[4]
+    import deliberation_env.sandbox.runner as runner
+
+    monkeypatch.setattr(runner, "run_python", lambda *a, **k: pytest.fail("replay ran a program"))
+    for (problem_id, joint), infos in expected.items():
+        replayed.reset(seed=0, options={"problem_id": problem_id})
+        assert replayed.step({f"agent_{i}": a for i, a in enumerate(joint)})[4] == infos
+    assert replayed.backends[0].misses == 0
+    kinds = {record["kind"] for record in replayed.backends[0].set.records.values()}
+    assert "run" in kinds
