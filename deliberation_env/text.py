@@ -51,9 +51,10 @@ from pettingzoo import ParallelEnv
 
 from deliberation_env import text_rewards
 from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens, sanitize_completion
+from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
-from deliberation_env.env import DeliberationEnv, generate_grouped
+from deliberation_env.env import DeliberationEnv
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Task
 
@@ -244,10 +245,9 @@ class TextDeliberationEnv(ParallelEnv):
         closed: list[tuple[dict[str, dict[str, Any]], dict[str, float]]] = []
         self._pending, self._answers, self._turns = [], [], {}  # until it returns: nothing to answer
         while True:
+            if self.critic_by_backend:  # the backend answers the critic phases; the agents never see them
+                answer_pending([meta], when=_all_critics)
             requests = core.pending_requests()
-            if requests and self.critic_by_backend and all(r.kind == "critic" for r in requests):
-                core.receive(generate_grouped(requests, meta.backends))
-                continue
             if requests:
                 self._pending, self._answers = requests, [None] * len(requests)
                 self._assign_turns()
@@ -408,3 +408,7 @@ def _resolve_meta_policy(policy: Any) -> Any:
 def text_env(task: str | Task = "arithmetic", num_agents: int = 3, max_rounds: int = 3, **kwargs: Any) -> TextDeliberationEnv:
     """The deliberation with completions as actions (see the ``deliberation_env.text`` module docstring)."""
     return TextDeliberationEnv(task=task, num_agents=num_agents, max_rounds=max_rounds, **kwargs)
+
+
+def _all_critics(requests: Sequence[Request]) -> bool:
+    return all(request.kind == "critic" for request in requests)

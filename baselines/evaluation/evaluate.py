@@ -26,7 +26,6 @@ import torch
 
 from baselines.logger import progress_bar, read_metrics
 from baselines.meta.policy import Policy, load_checkpoint, load_policy
-from baselines.meta.rollout import EnvPool
 from baselines.runtime import policy_threads, torch_threads
 from deliberation_env.analysis.metrics import bootstrap_interval
 from deliberation_env.cli import (
@@ -41,6 +40,7 @@ from deliberation_env.cli import (
 )
 from deliberation_env.core.deliberation import Action
 from deliberation_env.protocols import PROTOCOLS, FixedProtocol, make_protocol
+from deliberation_env.vector import Start, Step, run_episodes
 
 ACTION_NAMES = tuple(action.name.lower() for action in Action)
 """The meta-actions in index order, as the ``p_<name>`` columns name them."""
@@ -76,46 +76,37 @@ def episode_seed(seed: int, index: int) -> int:
 
 def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequence[tuple[int, int]],
                   index_option: str | None = "problem_index", progress: str | None = None) -> list[dict[str, Any]]:
-    """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)``, env i acted on by
-    actor i, which is reset with the episode's seed: an episode's actions do not depend on the wave it is in.
-    Deliberation envs are answered together (``baselines.meta.rollout.EnvPool``). One record per episode:
-    ``correct`` (None without ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``,
-    ``actions`` (a Counter), ``rounds`` (a Counter of actions per round) and ``agents``. The one episode runner of
-    evaluation and the bench scripts. ``progress``: show a progress bar with this label (for live models)."""
-    pool = EnvPool(envs)
+    """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)`` (the library's episode runner,
+    ``deliberation_env.vector.run_episodes``), env i acted on by actor i, which is reset with the episode's seed: an episode's
+    actions do not depend on the wave it is in. One record per episode: ``correct`` (None without
+    ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``, ``actions`` (a Counter), ``rounds``
+    (a Counter of actions per round) and ``agents``. ``progress``: show a progress bar with this label (for live
+    models)."""
     records: list[dict[str, Any]] = []
     bar = progress_bar(len(episodes), progress or "", enabled=progress is not None)
-    for start in range(0, len(episodes), len(envs)):
-        wave = list(episodes[start : start + len(envs)])
-        for actor, (seed, _) in zip(actors, wave):
-            actor.reset(seed)
-        options = [{index_option: index} if index_option else None for _, index in wave]
-        resets = pool.reset([seed for seed, _ in wave], options)
-        state = [{"obs": obs, "infos": infos, "reward": 0.0, "actions": Counter(), "rounds": [],
-                  "tokens": sum(info.get("tokens", 0) for info in infos.values())} for obs, infos in resets]
-        while any(envs[e].agents for e in range(len(wave))):
-            chosen = [actors[e].act(state[e]["obs"], state[e]["infos"]) if envs[e].agents else None
-                      for e in range(len(wave))]
-            for e, result in enumerate(pool.step(chosen)):
-                if result is None:
-                    continue
-                actions = chosen[e]
-                if actions is None:  # EnvPool.step steps only the envs given actions
-                    raise RuntimeError(f"env {e} was stepped without actions")
-                record = state[e]
-                record["actions"].update(actions.values())
-                record["rounds"].append(Counter(actions.values()))
-                record["obs"], rewards, _, _, record["infos"] = result
-                record["reward"] += sum(rewards.values())
-                record["tokens"] += sum(info.get("tokens", 0) for info in record["infos"].values())
-        for e, record in enumerate(state):
-            flags = [info["consensus_correct"] for info in record["infos"].values() if "consensus_correct" in info]
-            records.append({"correct": bool(flags[0]) if flags else None, "reward": record["reward"],
-                            "tokens": record["tokens"], "actions": record["actions"], "rounds": record["rounds"],
-                            "agents": max(1, len(envs[e].possible_agents))})
-        bar.update(len(wave))
+
+    def act(steps: list[Step]) -> list[dict[str, Any]]:
+        return [actors[step.slot].act(step.observations, step.infos) for step in steps]
+
+    def on_step(step: Step) -> None:
+        if step.actions is None:
+            actors[step.slot].reset(episodes[step.episode][0])
+            records.append({"reward": 0.0, "actions": Counter(), "rounds": [], "tokens": 0,
+                            "agents": max(1, len(step.env.possible_agents))})
+        record = records[step.episode]
+        if step.actions is not None:
+            record["actions"].update(step.actions.values())
+            record["rounds"].append(Counter(step.actions.values()))
+            record["reward"] += sum(step.rewards.values())
+        record["tokens"] += sum(info.get("tokens", 0) for info in step.infos.values())
+        if step.done:
+            flags = [info["consensus_correct"] for info in step.infos.values() if "consensus_correct" in info]
+            record["correct"] = bool(flags[0]) if flags else None
+            bar.update(1)
+
+    run_episodes(envs, [Start(seed, {index_option: index} if index_option else None) for seed, index in episodes], act, on_step)
     bar.close()
-    return records
+    return [{key: r[key] for key in ("correct", "reward", "tokens", "actions", "rounds", "agents")} for r in records]
 
 
 def seed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
