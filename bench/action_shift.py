@@ -18,7 +18,8 @@ import numpy as np
 from _results import RESULTS, command_line, save_markdown
 
 import deliberation_env
-from baselines.evaluation.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes
+from baselines.evaluation.evaluate import episode_seed, headless_pyplot, play_episodes
+from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from deliberation_env import Action

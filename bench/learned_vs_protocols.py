@@ -19,13 +19,13 @@ from concurrent.futures import ProcessPoolExecutor
 from _results import RESULTS, command_line
 
 from baselines.evaluation.evaluate import (
-    PolicyActor,
     play_records,
     plot_accuracy_vs_tokens,
     plot_learning_curves,
     save_table,
     summarize,
 )
+from baselines.meta.evaluate import PolicyActor
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol

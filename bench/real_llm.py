@@ -44,7 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import RESULTS, command_line, save_markdown, wilson_interval  # noqa: E402
 
 import deliberation_env  # noqa: E402
-from baselines.evaluation.evaluate import ACTION_NAMES, PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
+from baselines.evaluation.evaluate import ACTION_NAMES, episode_seed, headless_pyplot, play_episodes  # noqa: E402
+from baselines.meta.evaluate import PolicyActor  # noqa: E402
 from deliberation_env.analysis.traces import TraceWriter  # noqa: E402
 from deliberation_env.backends.cache import cache_key  # noqa: E402
 from deliberation_env.backends.llama_server import llama_server  # noqa: E402

@@ -39,13 +39,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from baselines.evaluation.evaluate import (  # noqa: E402
-    PolicyActor,
-    accuracy_vs_tokens_figure,
-    episode_seed,
-    headless_pyplot,
-    play_episodes,
-)
+from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_seed, headless_pyplot, play_episodes  # noqa: E402
+from baselines.meta.evaluate import PolicyActor  # noqa: E402
 from baselines.meta.train import config_class, run  # noqa: E402
 from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap  # noqa: E402
 from deliberation_env.cli import ArgumentParser

@@ -34,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _results import RESULTS, command_line, wilson_interval  # noqa: E402
 from replay_benchmark import play_rows  # noqa: E402
 
-from baselines.evaluation.evaluate import PolicyActor, episode_seed, play_episodes  # noqa: E402
+from baselines.evaluation.evaluate import episode_seed, play_episodes  # noqa: E402
+from baselines.meta.evaluate import PolicyActor  # noqa: E402
 from baselines.meta.policy import load_policy  # noqa: E402
 from baselines.meta.train import config_class, run  # noqa: E402
 from deliberation_env.analysis.metrics import paired_bootstrap  # noqa: E402

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from baselines.evaluation.evaluate import evaluate_entries, markdown_table, standard_entries
+from baselines.evaluation.evaluate import evaluate_entries, markdown_table
+from baselines.meta.evaluate import standard_entries
 
 checkpoint = sys.argv[1] if len(sys.argv) > 1 else "runs/softrankpo-seed0/policy.pt"
 env_kwargs = {"task": "gsm8k", "backend": "sim", "split": "test"}

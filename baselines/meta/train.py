@@ -98,6 +98,7 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     the training env's settings (agents, rounds, token cost, sampling; ``single`` keeps one agent); save the
     table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
     from baselines.evaluation import evaluate
+    from baselines.meta.evaluate import standard_entries
     from deliberation_env.protocols import PROTOCOLS
 
     checkpoints = {}
@@ -111,7 +112,7 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     protocols = [p for p in PROTOCOLS if not (cfg.replay and p == "single")]
     trace = evaluate.open_trace(options.trace)
     try:
-        entries = evaluate.standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
+        entries = standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
         rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)),
                                          batch_size=cfg.num_envs, cache=backend if cfg.cache else None)
     finally:
