@@ -202,3 +202,76 @@ def test_no_module_imports_another_modules_private_names():
                 offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: from {source} import {alias.name}"
                               for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert not offenders, "imports of private names:\n" + "\n".join(offenders)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, stack = set(), [start]
+    while stack:
+        for target in graph.get(stack.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+@pytest.mark.parametrize(("importer", "banned"), [("baselines.evaluation", "baselines.meta"),
+                                                  ("baselines.llm", "baselines.meta")])
+def test_one_product_does_not_depend_on_the_other(graph, importer, banned):
+    """The evaluation both products share never reaches the meta-policy trainer (its rollouts, its policy, its CLI),
+    and neither does the LLM trainer: the LLM product does not depend on the meta product."""
+    offenders = sorted(f"{module} -> {target}" for module in graph if module.startswith(importer)
+                       for target in reachable(graph, module) if target.startswith(banned))
+    assert not offenders, f"{importer} must not depend on {banned}: " + ", ".join(offenders)
+
+
+GROUPER_MODULE = "deliberation_env/backends/grouping.py"
+"""The request grouper, and ``answer_pending``: the one loop that answers envs' pending requests."""
+RUNNER_MODULES = frozenset({"deliberation_env/vector.py", "deliberation_env/env.py", "deliberation_env/text.py"})
+"""The episode runner and the env forms it drives: the only code that calls the envs' phased reset/step."""
+PHASES = frozenset({"begin_episode", "begin_reset", "end_reset", "begin_step", "end_step"})
+
+
+def called_names(node: ast.AST) -> set[str]:
+    """The names of every function or method ``node`` calls (``f(...)`` and ``x.f(...)`` both give ``f``), but for
+    ``super().f(...)``: a subclass extending a method does not drive it."""
+    names = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            if isinstance(call.func, ast.Name):
+                names.add(call.func.id)
+            elif isinstance(call.func, ast.Attribute) and not is_super_call(call.func.value):
+                names.add(call.func.attr)
+    return names
+
+
+def is_super_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def library_and_script_files() -> Iterator[tuple[str, ast.Module]]:
+    for folder in (*PACKAGES, "bench", "scripts", "examples"):
+        for path in python_files(folder):
+            yield path.relative_to(ROOT).as_posix(), parse(path)
+
+
+def test_one_loop_answers_pending_requests_and_one_runner_plays_episodes():
+    """Only ``answer_pending`` sends envs' pending requests to backends (no second wave loop), only the grouper
+    module calls ``generate_by_backend``, and only the episode runner (and the env forms themselves) drive the
+    phased reset/step: every other caller plays through ``deliberation_env.vector.run_episodes``."""
+    loops, groupers, phases = [], [], []
+    for name, tree in library_and_script_files():
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = called_names(function)
+            if "pending_requests" in calls and calls & {"generate_by_backend", "generate_grouped", "generate"}:
+                loops.append(f"{name}:{function.name}")
+        calls = called_names(tree)
+        if "generate_by_backend" in calls and name != GROUPER_MODULE:
+            groupers.append(name)
+        if calls & PHASES and name not in RUNNER_MODULES:
+            phases.append(f"{name}: {sorted(calls & PHASES)}")
+    assert loops == [f"{GROUPER_MODULE}:answer_pending"], f"a second loop answers pending requests: {loops}"
+    assert not groupers, f"call generate_by_backend through answer_pending or generate_grouped: {groupers}"
+    assert not phases, f"play episodes through deliberation_env.vector.run_episodes, not the phases: {phases}"
