@@ -1,4 +1,4 @@
-"""SoftRankPO (SFT stage + RL, the defaults of ``python -m baselines.train``) vs every fixed protocol.
+"""SoftRankPO (SFT stage + RL, the defaults of ``python -m baselines.meta.train``) vs every fixed protocol.
 
     python bench/learned_vs_protocols.py --seeds 0 1 2 --problems 200
 

@@ -31,24 +31,21 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 from collections import Counter
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_seed, headless_pyplot, play_episodes  # noqa: E402
-from baselines.meta.evaluate import PolicyActor  # noqa: E402
-from baselines.meta.train import config_class, run  # noqa: E402
-from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap  # noqa: E402
+from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_seed, headless_pyplot, play_episodes
+from baselines.meta.evaluate import PolicyActor
+from baselines.meta.train import config_class, run
+from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.core import features  # noqa: E402
-from deliberation_env.core.consensus import support  # noqa: E402
-from deliberation_env.protocols import make_protocol  # noqa: E402
-from deliberation_env.replay import ReplaySet, replay_env  # noqa: E402
-from deliberation_env.vector import Start, Step, run_episodes  # noqa: E402
+from deliberation_env.core import features
+from deliberation_env.core.consensus import support
+from deliberation_env.protocols import make_protocol
+from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.vector import Start, Step, run_episodes
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
 PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")

@@ -6,8 +6,8 @@ describes):
 
     DELIBERATION_ENV_DATA=path/to/data python examples/evaluate_gsm8k.py runs/softrankpo-seed0/policy.pt
 
-(train one first with ``python -m baselines.train --algo softrankpo``). Same as the CLI:
-``python -m baselines.evaluate --task gsm8k --checkpoints runs/softrankpo-seed0/policy.pt --problems 100``.
+(train one first with ``python -m baselines.meta.train --algo softrankpo``). Same as the CLI:
+``python -m baselines.meta.evaluate --task gsm8k --checkpoints runs/softrankpo-seed0/policy.pt --problems 100``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python examples/train_each_algorithm.py
 
-The CLI equivalent of one of them: ``python -m baselines.train --algo grpo --episodes 256 --no-evaluate``.
+The CLI equivalent of one of them: ``python -m baselines.meta.train --algo grpo --episodes 256 --no-evaluate``.
 """
 
 from __future__ import annotations
