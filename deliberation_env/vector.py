@@ -9,11 +9,14 @@ Each env's own PettingZoo API stays synchronous and unchanged.
 ``run_episodes(envs, starts, act, on_step)`` plays a list of episodes on such a pool, in waves of ``len(envs)``:
 every training rollout, evaluation, analysis and bench script plays its episodes through it.
 
-| Call                          | What it does                                                                   |
-|-------------------------------|--------------------------------------------------------------------------------|
-| ``run_episodes(envs, starts, act, on_step)`` | episode i starts as ``starts[i]`` says on ``envs[i % len(envs)]``; ``act(steps)`` gives the actions of every live episode's last ``Step`` once per round; ``on_step(step)`` sees every reset and step |
-| ``run_batched(envs, policy, seeds)`` | one episode per env; returns each env's list of reset and step results |
-| ``BatchedEnvs(envs).reset(seeds)`` / ``.step(actions)`` | one phase of every env (None: skip that env) |
+| Call                                         | What it does                                                        |
+|----------------------------------------------|---------------------------------------------------------------------|
+| ``run_episodes(envs, starts, act, on_step)`` | episode i starts as ``starts[i]`` says, on ``envs[i % len(envs)]``; |
+|                                              | ``act(steps)``: the actions of every live episode's last ``Step``,  |
+|                                              | once per round; ``on_step(step)`` sees every reset and step         |
+| ``run_batched(envs, policy, seeds)``         | one episode per env: each env's reset and step results              |
+| ``BatchedEnvs(envs).reset(seeds)``           | one reset of every env                                              |
+| ``BatchedEnvs(envs).step(actions)``          | one step of every env whose actions are not None                    |
 """
 
 from __future__ import annotations
@@ -71,16 +74,16 @@ class BatchedEnvs:
         env i plays ``problems[i]`` with episode seed ``seeds[i]`` (``Start.problem``)."""
         seeds = list(seeds) if seeds is not None else [None] * len(self.envs)
         options = list(options) if options is not None else [None] * len(self.envs)
-        phased = {id(env) for env in self.envs if isinstance(env, DeliberationEnv)}
+        phased = [env for env in self.envs if isinstance(env, DeliberationEnv)]
         if problems is not None and len(phased) < len(self.envs):
             raise ValueError("a problem to play needs a DeliberationEnv (begin_reset); give plain envs reset seeds")
         for i, env in enumerate(self.envs):
-            if id(env) in phased and problems is not None:
+            if isinstance(env, DeliberationEnv) and problems is not None:
                 env.begin_reset(problems[i], seeds[i])
-            elif id(env) in phased:
+            elif isinstance(env, DeliberationEnv):
                 env.begin_episode(seeds[i], options[i])
-        answer_pending([env for env in self.envs if id(env) in phased], self.backend)
-        return [env.end_reset() if id(env) in phased else env.reset(seed=seed, options=option)
+        answer_pending(phased, self.backend)
+        return [env.end_reset() if isinstance(env, DeliberationEnv) else env.reset(seed=seed, options=option)
                 for env, seed, option in zip(self.envs, seeds, options)]
 
     def step(self, actions: Sequence[Mapping[str, Any] | None]) -> list[tuple[Any, ...] | None]:

@@ -51,7 +51,7 @@ class Written:
 
 @pytest.fixture
 def study(bench_import):
-    return bench_import("train_llm")
+    return bench_import("llm_study")
 
 
 def cell_advantages(study, cell: str, script) -> dict[tuple[int, int, int], float]:
