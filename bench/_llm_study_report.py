@@ -60,7 +60,7 @@ def study_settings(cells: dict[str, list[dict]]) -> dict | None:
     for config in configs[1:]:
         differing = [key for key in STUDY_KEYS if config[key] != settings[key]]
         if differing:
-            raise SystemExit(f"train_llm.py: the finished chunks in results/ differ in {', '.join(differing)}; "
+            raise SystemExit(f"llm_study.py: the finished chunks in results/ differ in {', '.join(differing)}; "
                              "one study's chunks share their settings (give another setting its own --stem)")
     return settings
 

@@ -249,7 +249,7 @@ def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
     differing = [f"{key} ({flags[key]!r} here, {settings[key]!r} in the finished chunks)"
                  for key in STUDY_KEYS if flags[key] != settings[key]]
     if differing:
-        raise SystemExit(f"train_llm.py: these flags differ from the study's finished chunks: {'; '.join(differing)}; "
+        raise SystemExit(f"llm_study.py: these flags differ from the study's finished chunks: {'; '.join(differing)}; "
                          "pass the study's flags (see results/<--stem>.md) or another --stem")
 
 

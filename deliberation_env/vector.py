@@ -79,7 +79,10 @@ class BatchedEnvs:
             raise ValueError("a problem to play needs a DeliberationEnv (begin_reset); give plain envs reset seeds")
         for i, env in enumerate(self.envs):
             if isinstance(env, DeliberationEnv) and problems is not None:
-                env.begin_reset(problems[i], seeds[i])
+                seed = seeds[i]
+                if seed is None:
+                    raise ValueError("a problem to play needs its episode seed")
+                env.begin_reset(problems[i], seed)
             elif isinstance(env, DeliberationEnv):
                 env.begin_episode(seeds[i], options[i])
         answer_pending(phased, self.backend)
@@ -110,11 +113,10 @@ def run_episodes(envs: Sequence[Any], starts: Sequence[Start], act: Act, on_step
     for first in range(0, len(starts), len(envs)):
         wave = list(starts[first : first + len(envs)])
         batch = BatchedEnvs(envs[: len(wave)], backend)
-        problems = [start.problem for start in wave]
-        if any(problem is not None for problem in problems) and None in problems:
+        problems = [start.problem for start in wave if start.problem is not None]
+        if problems and len(problems) < len(wave):
             raise ValueError("a wave's starts give a problem for every episode or for none")
-        resets = batch.reset([start.seed for start in wave], [start.options for start in wave],
-                             problems if problems[0] is not None else None)
+        resets = batch.reset([start.seed for start in wave], [start.options for start in wave], problems or None)
         live = []
         for slot, (observations, infos) in enumerate(resets):
             step = Step(first + slot, slot, batch.envs[slot], observations, infos, done=not batch.envs[slot].agents)
@@ -127,7 +129,10 @@ def run_episodes(envs: Sequence[Any], starts: Sequence[Start], act: Act, on_step
             results = batch.step([chosen.get(slot) for slot in range(len(wave))])
             stepped = []
             for last in live:
-                observations, rewards, terminations, truncations, infos = results[last.slot]
+                result = results[last.slot]
+                if result is None:  # every live env was given actions
+                    raise RuntimeError(f"env {last.slot} of the wave is live but was not stepped")
+                observations, rewards, terminations, truncations, infos = result
                 actions = chosen[last.slot]
                 ended = all(terminations.get(a, False) or truncations.get(a, False) for a in actions)
                 step = Step(last.episode, last.slot, last.env, observations, infos, actions, rewards, terminations,

@@ -37,7 +37,7 @@ class Actor(Protocol):
 
     def reset(self, seed: int | None = None) -> None: ...
 
-    def act(self, observations: Mapping[str, Any], infos: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def act(self, observations: Any, infos: Any) -> Mapping[str, Any]: ...
 
 
 def episode_seed(seed: int, index: int) -> int:
@@ -56,7 +56,7 @@ def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequen
     records: list[dict[str, Any]] = []
     bar = progress_bar(len(episodes), progress or "", enabled=progress is not None)
 
-    def act(steps: list[Step]) -> list[dict[str, Any]]:
+    def act(steps: list[Step]) -> list[Mapping[str, Any]]:
         return [actors[step.slot].act(step.observations, step.infos) for step in steps]
 
     def on_step(step: Step) -> None:
