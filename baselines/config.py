@@ -1,5 +1,5 @@
 """Dataclass configs as command-line flags: one ``--flag`` per field, its help text the field's docstring (used by
-``python -m baselines.train`` and ``python -m baselines.train_llm``)."""
+``python -m baselines.meta.train`` and ``python -m baselines.llm.train_llm``)."""
 
 from __future__ import annotations
 

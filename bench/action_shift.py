@@ -2,7 +2,7 @@
 
     python bench/action_shift.py --seed 0 --problems 200
 
-Trains SFT -> SoftRankPO with the defaults of ``python -m baselines.train`` (or reuses
+Trains SFT -> SoftRankPO with the defaults of ``python -m baselines.meta.train`` (or reuses
 ``--run DIR`` holding sft/policy.pt and policy.pt), plays both greedily on test problems
 0..P-1 (evaluation seeds 0 and 1) and reports PERSIST / REFINE / CONCEDE shares overall and
 per round, next to the oracle's. Saves bench/results/action_shift.{md,png}.
@@ -18,7 +18,8 @@ import numpy as np
 from _results import RESULTS, command_line, save_markdown
 
 import deliberation_env
-from baselines.evaluation.evaluate import PolicyActor, episode_seed, headless_pyplot, play_episodes
+from baselines.evaluation.evaluate import episode_seed, headless_pyplot, play_episodes
+from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from deliberation_env import Action

@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import RESULTS, Counting, command_line, save_markdown  # noqa: E402
+from _results import RESULTS, Counting, command_line, save_markdown
 
-import deliberation_env  # noqa: E402
-from deliberation_env.analysis.metrics import auroc  # noqa: E402
-from deliberation_env.backends.base import Request  # noqa: E402
-from deliberation_env.backends.cache import CachedBackend  # noqa: E402
-from deliberation_env.backends.llama_server import llama_server  # noqa: E402
-from deliberation_env.backends.openai import OpenAICompatibleBackend  # noqa: E402
+import deliberation_env
+from deliberation_env.analysis.metrics import auroc
+from deliberation_env.backends.base import Request
+from deliberation_env.backends.cache import CachedBackend
+from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.vector import BatchedEnvs  # noqa: E402
+from deliberation_env.testing.llama_server import llama_server
+from deliberation_env.vector import BatchedEnvs
 
 SOURCES = ("answer_logprobs", "critic", "critic_text")
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from _results import Counting, save_markdown
 
 from deliberation_env.backends.base import Backend, Request
-from deliberation_env.backends.llama_server import llama_server
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.tasks.arithmetic import ArithmeticTask
+from deliberation_env.testing.llama_server import llama_server
 
 
 def solve_requests(args: argparse.Namespace) -> tuple[ArithmeticTask, list, list[Request]]:

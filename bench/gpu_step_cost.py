@@ -1,4 +1,4 @@
-"""The GPU time and memory of the parts of ``bench/train_llm.py --preset gpu`` that run in the trainer, measured on
+"""The GPU time and memory of the parts of ``bench/llm_study.py --preset gpu`` that run in the trainer, measured on
 random weights of the model's architecture (nothing to download: the cost of a forward or backward pass does not
 depend on the weights' values).
 

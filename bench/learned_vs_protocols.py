@@ -1,4 +1,4 @@
-"""SoftRankPO (SFT stage + RL, the defaults of ``python -m baselines.train``) vs every fixed protocol.
+"""SoftRankPO (SFT stage + RL, the defaults of ``python -m baselines.meta.train``) vs every fixed protocol.
 
     python bench/learned_vs_protocols.py --seeds 0 1 2 --problems 200
 
@@ -19,13 +19,13 @@ from concurrent.futures import ProcessPoolExecutor
 from _results import RESULTS, command_line
 
 from baselines.evaluation.evaluate import (
-    PolicyActor,
     play_records,
     plot_accuracy_vs_tokens,
     plot_learning_curves,
     save_table,
     summarize,
 )
+from baselines.meta.evaluate import PolicyActor
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol

@@ -30,8 +30,8 @@ from _results import RESULTS, save_markdown, wilson_interval
 
 import deliberation_env
 from deliberation_env.backends.base import Backend, Request
-from deliberation_env.backends.llama_server import llama_server
 from deliberation_env.cli import ArgumentParser
+from deliberation_env.testing.llama_server import llama_server
 
 BAND = (0.2, 0.8)
 

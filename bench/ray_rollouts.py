@@ -4,7 +4,7 @@
 
 A loopback OpenAI-compatible server (``deliberation_env.testing.servers.LoopbackServer``) sleeps ``--latency`` seconds per request, then replies
 with a fixed answer; the envs use the real ``openai`` backend (no cache) through ``baselines.meta.distributed``'s
-``RayCollector``, as ``python -m baselines.train --num-workers N`` does. One batch is ``--waves`` waves of
+``RayCollector``, as ``python -m baselines.meta.train --num-workers N`` does. One batch is ``--waves`` waves of
 ``--num-envs`` envs (3 agents, 3 rounds) played by the (untrained) policy; the same batches are timed with 1 and
 with 2 workers in this one run (after one warm-up batch each). A round is one ``env.step`` of one env.
 

@@ -13,7 +13,7 @@ protocols that differ only after round 0 share their round-0 solutions):
 2. the six fixed protocols on the first ``--test-problems`` of the test split, traced: ``debate``
    first and timed alone, then the other five with the cache it filled (the ratio of the two
    times is the cost of evaluating all six);
-3. ``python -m deliberation_env.calibrate`` fits a ``SimConfig`` to the calibration traces;
+3. ``python -m deliberation_env.analysis.calibrate`` fits a ``SimConfig`` to the calibration traces;
 4. SoftRankPO (SFT then RL) on the default sim and on the calibrated sim, and on the calibrated sim
    with a token cost; the SFT stage of the calibrated run is the SFT row;
 5. every learned policy plays the test problems on the real model;
@@ -31,7 +31,6 @@ import contextlib
 import csv
 import json
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -39,17 +38,16 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from _results import RESULTS, command_line, save_markdown, wilson_interval
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import RESULTS, command_line, save_markdown, wilson_interval  # noqa: E402
-
-import deliberation_env  # noqa: E402
-from baselines.evaluation.evaluate import ACTION_NAMES, PolicyActor, episode_seed, headless_pyplot, play_episodes  # noqa: E402
-from deliberation_env.analysis.traces import TraceWriter  # noqa: E402
-from deliberation_env.backends.cache import cache_key  # noqa: E402
-from deliberation_env.backends.llama_server import llama_server  # noqa: E402
+import deliberation_env
+from baselines.evaluation.evaluate import ACTION_NAMES, episode_seed, headless_pyplot, play_episodes
+from baselines.meta.evaluate import PolicyActor
+from deliberation_env.analysis.traces import TraceWriter
+from deliberation_env.backends.cache import cache_key
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.protocols import PROTOCOLS, make_protocol  # noqa: E402
+from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.testing.llama_server import llama_server
 
 ACTIONS = ACTION_NAMES
 

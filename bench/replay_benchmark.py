@@ -31,28 +31,21 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 from collections import Counter
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from baselines.evaluation.evaluate import (  # noqa: E402
-    PolicyActor,
-    accuracy_vs_tokens_figure,
-    episode_seed,
-    headless_pyplot,
-    play_episodes,
-)
-from baselines.meta.train import config_class, run  # noqa: E402
-from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap  # noqa: E402
+from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_seed, headless_pyplot, play_episodes
+from baselines.meta.evaluate import PolicyActor
+from baselines.meta.train import config_class, run
+from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.core import features  # noqa: E402
-from deliberation_env.core.consensus import support  # noqa: E402
-from deliberation_env.protocols import make_protocol  # noqa: E402
-from deliberation_env.replay import ReplaySet, replay_env  # noqa: E402
+from deliberation_env.core import features
+from deliberation_env.core.consensus import support
+from deliberation_env.protocols import make_protocol
+from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.vector import Start, Step, run_episodes
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
 PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")
@@ -88,36 +81,44 @@ def protocol_rows(dataset: ReplaySet, seeds, split: str) -> dict[str, dict]:
 def tree_of(dataset: ReplaySet, split: str = "test") -> dict[str, np.ndarray]:
     """All 27 joint actions of every problem (stream 0): outcomes, tokens and each agent's round-0 view
     (its ``features="v2"`` row, whose first 16 columns are the v1 row)."""
-    env = replay_env(dataset, split=split, invalid_action="persist", features="v2")
+    env = replay_env(dataset, split=split, invalid_action="persist", features="v2", max_rounds=1)
     joints = list(itertools.product(range(3), repeat=3))
     n = len(env.problems)
     outcome, tokens = np.zeros((n, len(joints)), bool), np.zeros((n, len(joints)))
     agree, confidence, correct0 = np.zeros((n, 3), int), np.zeros((n, 3)), np.zeros((n, 3), bool)
     rows = np.zeros((n, 3, features.num_features("v2")), np.float32)
     flips, concede = Counter(), Counter()
-    for p in range(n):
-        for j, joint in enumerate(joints):
-            obs, infos = env.reset(seed=0, options={"problem_index": p})
-            spent = sum(info["tokens"] for info in infos.values())
-            if j == 0:
-                for a, agent in enumerate(env.agents):
-                    agree[p, a] = int(obs[agent]["agreement"].sum())
-                    rows[p, a] = obs[agent]["self"]
-                    confidence[p, a] = infos[agent]["confidence"]
-                    correct0[p, a] = infos[agent]["correct"]
-                    target = infos[agent]["concede_target"]
-                    if target is not None:
-                        concede["offered"] += 1
-                        concede["target_right"] += infos[agent]["concede_target_correct"]
-                        if not infos[agent]["correct"]:
-                            concede["wrong_offered"] += 1
-                            concede["wrong_target_right"] += infos[agent]["concede_target_correct"]
-            _, _, _, _, after = env.step({f"agent_{a}": action for a, action in enumerate(joint)})
-            outcome[p, j] = next(iter(after.values()))["consensus_correct"]
-            tokens[p, j] = spent + sum(info["tokens"] for info in after.values())
-            if joint == (1, 1, 1):
-                for a, info in enumerate(after.values()):
+    spent = 0.0
+
+    def on_step(step: Step) -> None:
+        nonlocal spent
+        p, j = divmod(step.episode, len(joints))
+        obs, infos = step.observations, step.infos
+        if step.actions is not None:  # the one round: its outcome
+            outcome[p, j] = next(iter(infos.values()))["consensus_correct"]
+            tokens[p, j] = spent + sum(info["tokens"] for info in infos.values())
+            if joints[j] == (1, 1, 1):
+                for a, info in enumerate(infos.values()):
                     flips[bool(correct0[p, a]), bool(info["correct"])] += 1
+            return
+        spent = sum(info["tokens"] for info in infos.values())
+        if j == 0:  # round 0 is the same for every joint action
+            for a, agent in enumerate(env.agents):
+                agree[p, a] = int(obs[agent]["agreement"].sum())
+                rows[p, a] = obs[agent]["self"]
+                confidence[p, a] = infos[agent]["confidence"]
+                correct0[p, a] = infos[agent]["correct"]
+                target = infos[agent]["concede_target"]
+                if target is not None:
+                    concede["offered"] += 1
+                    concede["target_right"] += infos[agent]["concede_target_correct"]
+                    if not infos[agent]["correct"]:
+                        concede["wrong_offered"] += 1
+                        concede["wrong_target_right"] += infos[agent]["concede_target_correct"]
+
+    starts = [Start(0, {"problem_index": p}) for p in range(n) for _ in joints]
+    run_episodes([env], starts, lambda steps: [{f"agent_{a}": action for a, action in
+                                                enumerate(joints[steps[0].episode % len(joints)])}], on_step)
     return {"outcome": outcome, "tokens": tokens, "agree": agree, "confidence": confidence, "correct0": correct0,
             "rows": rows, "joints": np.array(joints), "flips": flips, "concede": concede}
 

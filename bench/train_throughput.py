@@ -30,24 +30,24 @@ from baselines.meta.rollout import EpisodeSpec, collect, sampling_key
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from baselines.runtime import seed_everything
 from deliberation_env.cli import ArgumentParser
+from deliberation_env.env import DeliberationEnv
 
 
 class Counter:
     rounds = 0
 
 
-def counting_env(**kwargs):
+class CountingEnv(DeliberationEnv):
     """An env that counts its rounds: ``end_step`` closes a round both in ``env.step`` and in the
-    batched path (``BatchedEnvs``), which never calls ``env.step``."""
-    env = deliberation_env.parallel_env(split="train", **kwargs)
-    end_step = env.end_step
+    episode runner (``deliberation_env.vector``), which never calls ``env.step``."""
 
-    def counted():
+    def end_step(self):
         Counter.rounds += 1
-        return end_step()
+        return super().end_step()
 
-    env.end_step = counted
-    return env
+
+def counting_env(**kwargs):
+    return CountingEnv(split="train", **kwargs)
 
 
 def bare(episodes: int) -> tuple[float, float]:

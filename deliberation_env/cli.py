@@ -1,7 +1,7 @@
 """Shared command-line pieces: backend flags, count checks and one-line errors.
 
-Used by ``python -m deliberation_env.demo``, ``python -m baselines.train`` and
-``python -m baselines.evaluate``, so that every program takes the same backend flags::
+Used by ``python -m deliberation_env.demo``, ``python -m baselines.meta.train`` and
+``python -m baselines.meta.evaluate``, so that every program takes the same backend flags::
 
     --backend sim                                                    # the default, no model
     --backend transformers --model smollm2 [--dtype float32] [--batch-size 16]

@@ -58,7 +58,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from deliberation_env.backends.base import Backend, Completion, Request
-from deliberation_env.backends.grouping import generate_by_backend
+from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.backends.tools import with_tools
 from deliberation_env.core import features
 from deliberation_env.core.actions import action_name
@@ -78,6 +78,8 @@ class DeliberationEnv(ParallelEnv):
     accepted here too and mapped onto these parts by ``options.env_parts``."""
 
     metadata: dict[str, Any] = {"name": "deliberation_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+    phased = True
+    """Runners may drive it in phases (``deliberation_env.vector``): begin_*, pending_requests/receive, end_*."""
 
     def __init__(
         self,
@@ -144,12 +146,12 @@ class DeliberationEnv(ParallelEnv):
 
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self.begin_episode(seed, options)
-        self.run_pending()
+        answer_pending([self])
         return self.end_reset()
 
     def step(self, actions: Mapping[str, Any]):
         self.begin_step(actions)
-        self.run_pending()
+        answer_pending([self])
         return self.end_step()
 
     # The phased form of reset/step: a batching runner gathers pending_requests() of many envs,
@@ -195,11 +197,6 @@ class DeliberationEnv(ParallelEnv):
 
     def receive(self, completions: Sequence[Completion]) -> None:
         self.deliberation.receive(completions)
-
-    def run_pending(self) -> None:
-        """Answer the pending requests with this env's backend(s), one batch per backend per phase."""
-        while requests := self.deliberation.pending_requests():
-            self.deliberation.receive(generate_grouped(requests, self.backends))
 
     def render(self, mode: str | None = None) -> str | None:
         """Render in ``render_mode`` (or ``mode``: RLlib's wrapper passes it positionally)."""
@@ -373,7 +370,3 @@ def accepted_options() -> list[str]:
     flat = [name for name in (*FLAT_KEYWORDS, *WRAPPER_KEYWORDS) if name not in named]
     return named + flat + sorted(set(CONFIG_KEYWORDS) - {*named, *flat})
 
-
-def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:
-    """Answer requests with each agent's backend (``backends[request.agent]``): one call per distinct backend."""
-    return generate_by_backend(requests, [backends[request.agent] for request in requests])

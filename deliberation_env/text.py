@@ -51,9 +51,9 @@ from pettingzoo import ParallelEnv
 
 from deliberation_env import text_rewards
 from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens, sanitize_completion
+from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
-from deliberation_env.env import generate_grouped
 from deliberation_env.make import parallel_env
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Task
@@ -246,11 +246,10 @@ class TextDeliberationEnv(ParallelEnv):
         closed: list[tuple[dict[str, dict[str, Any]], dict[str, float]]] = []
         self._pending, self._answers, self._turns = [], [], {}  # until it returns: nothing to answer
         while True:
+            # the sandbox answers a program-aided role's runs, the backend (if given) the critic phases: the agents
+            # never see them
+            answer_pending([meta], when=self._not_the_agents)
             requests = core.pending_requests()
-            if requests and (all(r.kind == "run" for r in requests)  # a program-aided role's runs: the sandbox
-                             or self.critic_by_backend and all(r.kind == "critic" for r in requests)):
-                core.receive(generate_grouped(requests, meta.backends))
-                continue
             if requests:
                 self._pending, self._answers = requests, [None] * len(requests)
                 self._assign_turns()
@@ -264,6 +263,11 @@ class TextDeliberationEnv(ParallelEnv):
             if core.done:
                 return closed
             meta.begin_step(self._meta_actions(observations, infos))
+
+    def _not_the_agents(self, requests: Sequence[Request]) -> bool:
+        """Whether a phase's requests are answered without the agents: tool runs, or critics with a critic backend."""
+        return all(r.kind == "run" for r in requests) or (
+            self.critic_by_backend and all(r.kind == "critic" for r in requests))
 
     def _meta_actions(self, observations, infos) -> Mapping[str, Any]:
         policy = self.meta_policy

@@ -6,15 +6,16 @@ describes):
 
     DELIBERATION_ENV_DATA=path/to/data python examples/evaluate_gsm8k.py runs/softrankpo-seed0/policy.pt
 
-(train one first with ``python -m baselines.train --algo softrankpo``). Same as the CLI:
-``python -m baselines.evaluate --task gsm8k --checkpoints runs/softrankpo-seed0/policy.pt --problems 100``.
+(train one first with ``python -m baselines.meta.train --algo softrankpo``). Same as the CLI:
+``python -m baselines.meta.evaluate --task gsm8k --checkpoints runs/softrankpo-seed0/policy.pt --problems 100``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from baselines.evaluation.evaluate import evaluate_entries, markdown_table, standard_entries
+from baselines.evaluation.evaluate import evaluate_entries, markdown_table
+from baselines.meta.evaluate import standard_entries
 
 checkpoint = sys.argv[1] if len(sys.argv) > 1 else "runs/softrankpo-seed0/policy.pt"
 env_kwargs = {"task": "gsm8k", "backend": "sim", "split": "test"}

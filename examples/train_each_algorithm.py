@@ -2,13 +2,14 @@
 
     python examples/train_each_algorithm.py
 
-The CLI equivalent of one of them: ``python -m baselines.train --algo grpo --episodes 256 --no-evaluate``.
+The CLI equivalent of one of them: ``python -m baselines.meta.train --algo grpo --episodes 256 --no-evaluate``.
 """
 
 from __future__ import annotations
 
-from baselines.evaluation.evaluate import evaluate_entries, markdown_table, standard_entries
+from baselines.evaluation.evaluate import evaluate_entries, markdown_table
 from baselines.meta import train
+from baselines.meta.evaluate import standard_entries
 
 settings = {
     "sft": {"episodes": 300, "epochs": 10},

@@ -7,6 +7,7 @@ under ``TYPE_CHECKING`` (a circle that only lazy imports break is still a circle
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -260,3 +261,113 @@ def test_the_env_constructor_is_small():
 
     parameters = [name for name in inspect.signature(DeliberationEnv.__init__).parameters if name != "self"]
     assert len(parameters) <= 10, parameters
+
+
+@pytest.mark.parametrize(("importer", "banned"), [("baselines.evaluation", "baselines.meta"),
+                                                  ("baselines.llm", "baselines.meta")])
+def test_one_product_does_not_depend_on_the_other(graph, importer, banned):
+    """The evaluation both products share never reaches the meta-policy trainer (its rollouts, its policy, its CLI),
+    and neither does the LLM trainer: the LLM product does not depend on the meta product."""
+    offenders = sorted(f"{module} -> {target}" for module in graph if module.startswith(importer)
+                       for target in reachable(graph, {module}, set()) if target.startswith(banned))
+    assert not offenders, f"{importer} must not depend on {banned}: " + ", ".join(offenders)
+
+
+GROUPER_MODULE = "deliberation_env/backends/grouping.py"
+"""The request grouper, and ``answer_pending``: the one loop that answers envs' pending requests."""
+RUNNER_MODULES = frozenset({"deliberation_env/vector.py", "deliberation_env/env.py", "deliberation_env/text.py",
+                            "deliberation_env/analysis/traces.py"})
+"""The episode runner and the env forms it drives (the env, the text env, the trace wrapper): the only code that
+calls the envs' phased reset/step."""
+PHASES = frozenset({"begin_episode", "begin_reset", "end_reset", "begin_step", "end_step"})
+
+
+def called_names(node: ast.AST) -> set[str]:
+    """The names of every function or method ``node`` calls (``f(...)`` and ``x.f(...)`` both give ``f``), but for
+    ``super().f(...)``: a subclass extending a method does not drive it."""
+    names = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            if isinstance(call.func, ast.Name):
+                names.add(call.func.id)
+            elif isinstance(call.func, ast.Attribute) and not is_super_call(call.func.value):
+                names.add(call.func.attr)
+    return names
+
+
+def is_super_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def library_and_script_files() -> Iterator[tuple[str, ast.Module]]:
+    for folder in (*PACKAGES, "bench", "scripts", "examples"):
+        for path in python_files(folder):
+            yield path.relative_to(ROOT).as_posix(), parse(path)
+
+
+def test_one_loop_answers_pending_requests_and_one_runner_plays_episodes():
+    """Only ``answer_pending`` sends envs' pending requests to backends (no second wave loop), only the grouper
+    module calls ``generate_by_backend``, and only the episode runner (and the env forms themselves) drive the
+    phased reset/step: every other caller plays through ``deliberation_env.vector.run_episodes``."""
+    loops, groupers, phases = [], [], []
+    for name, tree in library_and_script_files():
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = called_names(function)
+            if "pending_requests" in calls and calls & {"generate_by_backend", "generate_grouped", "generate"}:
+                loops.append(f"{name}:{function.name}")
+        calls = called_names(tree)
+        if "generate_by_backend" in calls and name != GROUPER_MODULE:
+            groupers.append(name)
+        if calls & PHASES and name not in RUNNER_MODULES:
+            phases.append(f"{name}: {sorted(calls & PHASES)}")
+    assert loops == [f"{GROUPER_MODULE}:answer_pending"], f"a second loop answers pending requests: {loops}"
+    assert not groupers, f"call generate_by_backend through answer_pending or generate_grouped: {groupers}"
+    assert not phases, f"play episodes through deliberation_env.vector.run_episodes, not the phases: {phases}"
+
+
+def test_the_library_does_not_depend_on_its_test_servers(graph):
+    """``deliberation_env.testing`` (loopback servers for tests and benches) ships in the package, but no other
+    module of the library imports it."""
+    offenders = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                       if module.startswith("deliberation_env") and not module.startswith("deliberation_env.testing")
+                       for target in targets if target.startswith("deliberation_env.testing"))
+    assert not offenders, "the library must not depend on deliberation_env.testing: " + ", ".join(offenders)
+
+
+def test_no_alias_modules_and_no_path_edits():
+    """No module replaces itself in ``sys.modules`` (an alias of a moved module), and no script edits ``sys.path``:
+    bench scripts run as ``python bench/NAME.py`` with the package installed."""
+    aliases, path_edits = [], []
+    for name, tree in library_and_script_files():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(ast.unparse(t) == "sys.modules[__name__]" for t in node.targets):
+                aliases.append(name)
+            if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("sys.path."):
+                path_edits.append(f"{name}:{node.lineno}")
+    assert not aliases, f"alias modules: {aliases}"
+    assert not path_edits, f"sys.path edits: {path_edits}"
+
+
+ENTRY_POINT = re.compile(r"-m ((?:deliberation_env|baselines|bench)(?:\.\w+)*)")
+DOCUMENTED = ("README.md", "CONTRIBUTING.md", "docs", "examples", "bench", "baselines", "deliberation_env", "scripts",
+              ".ci")
+
+
+def test_every_documented_entry_point_is_a_module_of_the_tree():
+    """Every ``python -m ...`` of ours named in the docs, scripts and docstrings is a real module (or package with a
+    ``__main__``) of the tree, so that the documented commands run."""
+    missing = set()
+    for top in DOCUMENTED:
+        path = ROOT / top
+        files = [path] if path.is_file() else [f for f in sorted(path.rglob("*")) if f.is_file()
+                                               and (f.suffix in {".md", ".py", ".sh"} or f.name == "run")
+                                               and not EXCLUDED_PARTS.intersection(f.relative_to(ROOT).parts)
+                                               and "results" not in f.relative_to(ROOT).parts]
+        for file in files:
+            for module in ENTRY_POINT.findall(file.read_text(encoding="utf-8")):
+                base = ROOT.joinpath(*module.split("."))
+                if not (base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()):
+                    missing.add(f"{file.relative_to(ROOT)}: python -m {module}")
+    assert not missing, "documented entry points that are no module:\n" + "\n".join(sorted(missing))

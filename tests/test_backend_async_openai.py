@@ -4,9 +4,12 @@ episode-sticky routing and bounded concurrency, against real loopback servers (1
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +199,31 @@ def test_routing_and_concurrency_do_not_change_episodes(fleet):
     request = _requests(1, 1)[0]
     assert cache_key("m", request) == cache_key("m", replace(request, episode=12345))  # not in the cache key
     assert request == replace(request, episode=None)
+
+
+EXIT_SCRIPT = """
+import json
+from deliberation_env.backends.openai import OpenAICompatibleBackend
+from deliberation_env.testing.servers import LoopbackServer
+import deliberation_env
+
+server = LoopbackServer()
+backend = OpenAICompatibleBackend(server.url, "m")
+deliberation_env.parallel_env(backend=backend).reset(seed=0)   # a clean run: its event loop is running
+json.kept = backend   # dropped only when json's module is torn down at interpreter exit, after asyncio's
+half = OpenAICompatibleBackend.__new__(OpenAICompatibleBackend)   # an object whose __init__ never ran
+try:
+    OpenAICompatibleBackend("ftp://nowhere", "m")   # one whose __init__ failed
+except ValueError:
+    pass
+print("ran")
+"""
+
+
+def test_a_backend_left_open_exits_without_a_traceback():
+    """A backend never closed, still referenced at interpreter exit (when asyncio's modules are already torn down),
+    a half-constructed one and one whose ``__init__`` failed: the process exits cleanly, nothing on stderr."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ran", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

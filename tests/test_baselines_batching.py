@@ -11,7 +11,8 @@ from pettingzoo import ParallelEnv
 
 import deliberation_env
 from baselines.evaluation import evaluate
-from baselines.evaluation.evaluate import episode_seed, evaluate_entries, standard_entries
+from baselines.evaluation.evaluate import episode_seed, evaluate_entries
+from baselines.meta.evaluate import standard_entries
 from baselines.meta.policy import Policy, agent_layout, save_checkpoint
 from baselines.meta.rollout import EpisodeSpec, collect
 from deliberation_env.backends import CachedBackend, SimBackend
@@ -146,13 +147,14 @@ def test_collect_batches_deliberation_envs_and_keeps_their_results():
 def test_trace_flag_labels_every_episode_with_its_entry(tmp_path, sampled_policy):
     from collections import Counter as Tally
 
+    from baselines.meta import evaluate as evaluate_cli
     from baselines.meta import train
     from deliberation_env import demo
     from deliberation_env.analysis.traces import read_traces
 
     trace = tmp_path / "traces.jsonl"
-    evaluate.main(["--checkpoints", f"mine={sampled_policy}", "--protocols", "single", "debate", "--problems", "3",
-                   "--seeds", "0", "1", "--num-envs", "4", "--out", str(tmp_path / "eval"), "--trace", str(trace)])
+    evaluate_cli.main(["--checkpoints", f"mine={sampled_policy}", "--protocols", "single", "debate", "--problems", "3",
+                           "--seeds", "0", "1", "--num-envs", "4", "--out", str(tmp_path / "eval"), "--trace", str(trace)])
     assert Tally(e.label for e in read_traces(trace)) == {"mine": 6, "single": 6, "debate": 6}
     demo.main(["--episodes", "2", "--policy", "refine", "--trace", str(trace)])
     train.main(["--algo", "sft", "--episodes", "8", "--epochs", "1", "--num-envs", "4", "--eval-problems", "2",

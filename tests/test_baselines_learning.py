@@ -8,8 +8,9 @@ import pytest
 from pettingzoo import ParallelEnv
 
 import deliberation_env
-from baselines.evaluation.evaluate import PolicyActor, play
+from baselines.evaluation.evaluate import play
 from baselines.meta import train as train_cli
+from baselines.meta.evaluate import PolicyActor
 from baselines.meta.magrpo import MAGRPOConfig
 from baselines.meta.softrankpo import SoftRankPOConfig
 from deliberation_env.protocols import make_protocol

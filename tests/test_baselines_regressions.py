@@ -11,9 +11,10 @@ import torch
 from pettingzoo import ParallelEnv
 
 import deliberation_env
-from baselines.evaluation.evaluate import PolicyActor, accuracy_vs_tokens_figure, evaluate_entries, standard_entries
+from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, evaluate_entries
 from baselines.logger import read_metrics
 from baselines.meta import train as train_cli
+from baselines.meta.evaluate import PolicyActor, standard_entries
 from baselines.meta.policy import Policy, agent_layout
 from baselines.meta.sft import SFTConfig
 

@@ -15,7 +15,7 @@ SCRIPTS = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(
 
 
 def test_every_bench_script_is_found():
-    assert {"train_llm", "protocols", "replay_benchmark"} <= set(SCRIPTS)
+    assert {"llm_study", "protocols", "replay_benchmark"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -90,7 +90,7 @@ def test_empty_and_too_small_traces_are_clear_errors(tmp_path):
 
 
 def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "deliberation_env.calibrate", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "deliberation_env.analysis.calibrate", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, timeout=120)
 
 

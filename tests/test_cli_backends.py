@@ -35,7 +35,7 @@ def test_train_and_evaluate_with_smollm2(tmp_path):
         smollm2_gguf_path()
     except FileNotFoundError as error:
         pytest.skip(str(error))
-    out = run_cli("baselines.train", "--algo", "sft", "--backend", "transformers", "--model", "smollm2", *TINY_ENV,
+    out = run_cli("baselines.meta.train", "--algo", "sft", "--backend", "transformers", "--model", "smollm2", *TINY_ENV,
                   "--episodes", "4", "--num-envs", "4", "--eval-problems", "1", "--eval-seeds", "1",
                   "--cache", "smol.sqlite", "--backend-option", f"converted_cache_dir={tmp_path / 'converted'}",
                   "--no-progress", "--no-tensorboard", "--out", "run", cwd=tmp_path)
@@ -51,16 +51,16 @@ def test_evaluate_train_and_demo_against_a_llama_cpp_server(tmp_path, llama_url)
     backend = ["--backend", "openai", "--base-url", llama_url, "--model", "smol", *TINY_ENV]
     evaluate = ["--protocols", "single", "self_consistency", "--problems", "2", "--seeds", "0",
                 "--num-envs", "2", "--cache", "server.sqlite", "--out", "eval"]
-    first = run_cli("baselines.evaluate", *backend, *evaluate, cwd=tmp_path)
+    first = run_cli("baselines.meta.evaluate", *backend, *evaluate, cwd=tmp_path)
     assert "| single |" in first and "| self_consistency |" in first
     counts = cache_counts(first)
     assert counts["single"] == (0, 4) and counts["self_consistency"] == (4, 4)  # agent_0's round 0 is shared
-    again = cache_counts(run_cli("baselines.evaluate", *backend, *evaluate, cwd=tmp_path))
+    again = cache_counts(run_cli("baselines.meta.evaluate", *backend, *evaluate, cwd=tmp_path))
     assert all(misses == 0 for _, misses in again.values())  # a re-run replays every generation from the cache
     with open(tmp_path / "eval" / "table.md", encoding="utf-8") as f:
         assert f.read().strip() == first.split("\ncache ")[0].strip()
 
-    trained = run_cli("baselines.train", "--algo", "sft", *backend, "--episodes", "1", "--num-envs", "1",
+    trained = run_cli("baselines.meta.train", "--algo", "sft", *backend, "--episodes", "1", "--num-envs", "1",
                       "--epochs", "1", "--no-evaluate", "--no-progress", "--no-tensorboard", "--out", "run", cwd=tmp_path)
     assert "trained sft" in trained and (tmp_path / "run" / "policy.pt").is_file()
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-TRAIN, EVALUATE, DEMO = "baselines.train", "baselines.evaluate", "deliberation_env.demo"
+TRAIN, EVALUATE, DEMO = "baselines.meta.train", "baselines.meta.evaluate", "deliberation_env.demo"
 
 
 def _closed_port_url() -> str:

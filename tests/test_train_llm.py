@@ -136,11 +136,11 @@ def test_cli_trains_saves_and_evaluates_before_and_after(converted, tmp_path, mo
     (["--agents", "3", "--group-size", "8"], "a rollout tree would hold 4681 states per problem (4096 leaves after 4 turns"),
 ])
 def test_cli_mistakes_are_one_line(tmp_path, args, expected):
-    done = subprocess.run([sys.executable, "-m", "baselines.train_llm", *args], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "baselines.llm.train_llm", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
-    assert lines[0].startswith("python -m baselines.train_llm: error: ") and expected in lines[0], lines[0]
+    assert lines[0].startswith("python -m baselines.llm.train_llm: error: ") and expected in lines[0], lines[0]
     assert not list(tmp_path.iterdir())
 
 

@@ -1,3 +1,4 @@
-"""Evaluation on a fixed test set (``python -m baselines.evaluate``): learned meta-policies and fixed protocols side by
-side, one episode runner, bootstrap intervals, tables and plots (``evaluate``); used by both products.
+"""Evaluation on a fixed test set, shared by both products (``evaluate``): episode records played by the library's
+episode runner, per-seed metrics, per-problem bootstrap intervals, tables and plots. It depends on neither product:
+the meta-policy CLI is ``python -m baselines.meta.evaluate``.
 """

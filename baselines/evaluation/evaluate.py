@@ -1,72 +1,43 @@
-"""Evaluate learned checkpoints and fixed protocols side by side on a fixed test set.
+"""Evaluation on a fixed test set, shared by both products: episode records, per-seed metrics, bootstrap summaries,
+tables and plots.
 
 Every entry plays test problems ``problem_index = 0..P-1`` with episode seed
-``seed * 100003 + index`` for each evaluation seed (the seeding of ``bench/protocols.py``).
+``seed * 100003 + index`` for each evaluation seed (``episode_seed``; the seeding of ``bench/protocols.py``).
 Reported per entry: accuracy (final consensus correct, ``infos["consensus_correct"]``; for
 environments without it, the mean per-agent episode return as ``score``), tokens per problem
 (sum of ``infos["tokens"]``), meta-action shares, each as the mean over all episodes; accuracy, score and
-tokens with a 95% per-problem bootstrap interval (``summarize``). Learned policies act greedily unless ``--sample``.
-
-    python -m baselines.evaluate --checkpoints sft=runs/x/sft/policy.pt softrankpo=runs/x/policy.pt \\
-        --protocols all --problems 200 --seeds 0 1 --out runs/x/eval --metrics runs/x
+tokens with a 95% per-problem bootstrap interval (``summarize``). An entry is (name, make_actor, make_env), an
+actor anything with ``reset(seed)`` and ``act(observations, infos)``: a fixed protocol, a learned meta-policy
+(``baselines.meta.evaluate.PolicyActor``, the CLI ``python -m baselines.meta.evaluate``), a team of LLMs behind a
+protocol (``baselines.llm.evaluation``). Episodes are played by the library's episode runner
+(``deliberation_env.vector.run_episodes``).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import functools
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from baselines.logger import progress_bar, read_metrics
-from baselines.meta.policy import Policy, load_checkpoint, load_policy
-from baselines.meta.rollout import EnvPool
-from baselines.runtime import policy_threads, torch_threads
 from deliberation_env.analysis.metrics import bootstrap_interval
-from deliberation_env.cli import (
-    ArgumentParser,
-    add_backend_arguments,
-    backend_settings,
-    env_options,
-    nonnegative_int,
-    positive_int,
-    report_user_errors,
-    user_input,
-)
 from deliberation_env.core.deliberation import Action
-from deliberation_env.protocols import PROTOCOLS, FixedProtocol, make_protocol
+from deliberation_env.vector import Start, Step, run_episodes
 
 ACTION_NAMES = tuple(action.name.lower() for action in Action)
 """The meta-actions in index order, as the ``p_<name>`` columns name them."""
 
 
-class PolicyActor:
-    """A learned policy behind the protocol interface ``reset(seed)`` / ``act(obs, infos)``.
+class Actor(Protocol):
+    """What plays an entry: reset with each episode's seed, then asked for every round's actions."""
 
-    Forward passes run on ``threads`` torch threads (default: one for a small network, see
-    ``baselines.runtime.policy_threads``); the process's own setting is restored after each."""
+    def reset(self, seed: int | None = None) -> None: ...
 
-    def __init__(self, policy: Policy, deterministic: bool = True, threads: int | None = None):
-        self.policy, self.deterministic = policy, deterministic
-        self.generator = torch.Generator().manual_seed(0)
-        self.threads = policy_threads(policy, threads)
-
-    def reset(self, seed: int | None = None) -> None:
-        if seed is not None:
-            self.generator.manual_seed(seed)
-
-    def act(self, observations: dict[str, Any], infos: dict[str, Any]) -> dict[str, int]:
-        with torch_threads(self.threads):
-            return self.policy.act(observations, self.deterministic, self.generator)
-
-
-Actor = PolicyActor | FixedProtocol
+    def act(self, observations: Any, infos: Any) -> Mapping[str, Any]: ...
 
 
 def episode_seed(seed: int, index: int) -> int:
@@ -76,46 +47,37 @@ def episode_seed(seed: int, index: int) -> int:
 
 def play_episodes(envs: Sequence[Any], actors: Sequence[Actor], episodes: Sequence[tuple[int, int]],
                   index_option: str | None = "problem_index", progress: str | None = None) -> list[dict[str, Any]]:
-    """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)``, env i acted on by
-    actor i, which is reset with the episode's seed: an episode's actions do not depend on the wave it is in.
-    Deliberation envs are answered together (``baselines.meta.rollout.EnvPool``). One record per episode:
-    ``correct`` (None without ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``,
-    ``actions`` (a Counter), ``rounds`` (a Counter of actions per round) and ``agents``. The one episode runner of
-    evaluation and the bench scripts. ``progress``: show a progress bar with this label (for live models)."""
-    pool = EnvPool(envs)
+    """Play ``episodes`` ((reset seed, problem index) pairs) in waves of ``len(envs)`` (the library's episode runner,
+    ``deliberation_env.vector.run_episodes``), env i acted on by actor i, which is reset with the episode's seed: an episode's
+    actions do not depend on the wave it is in. One record per episode: ``correct`` (None without
+    ``consensus_correct``), ``reward`` (sum over agents and rounds), ``tokens``, ``actions`` (a Counter), ``rounds``
+    (a Counter of actions per round) and ``agents``. ``progress``: show a progress bar with this label (for live
+    models)."""
     records: list[dict[str, Any]] = []
     bar = progress_bar(len(episodes), progress or "", enabled=progress is not None)
-    for start in range(0, len(episodes), len(envs)):
-        wave = list(episodes[start : start + len(envs)])
-        for actor, (seed, _) in zip(actors, wave):
-            actor.reset(seed)
-        options = [{index_option: index} if index_option else None for _, index in wave]
-        resets = pool.reset([seed for seed, _ in wave], options)
-        state = [{"obs": obs, "infos": infos, "reward": 0.0, "actions": Counter(), "rounds": [],
-                  "tokens": sum(info.get("tokens", 0) for info in infos.values())} for obs, infos in resets]
-        while any(envs[e].agents for e in range(len(wave))):
-            chosen = [actors[e].act(state[e]["obs"], state[e]["infos"]) if envs[e].agents else None
-                      for e in range(len(wave))]
-            for e, result in enumerate(pool.step(chosen)):
-                if result is None:
-                    continue
-                actions = chosen[e]
-                if actions is None:  # EnvPool.step steps only the envs given actions
-                    raise RuntimeError(f"env {e} was stepped without actions")
-                record = state[e]
-                record["actions"].update(actions.values())
-                record["rounds"].append(Counter(actions.values()))
-                record["obs"], rewards, _, _, record["infos"] = result
-                record["reward"] += sum(rewards.values())
-                record["tokens"] += sum(info.get("tokens", 0) for info in record["infos"].values())
-        for e, record in enumerate(state):
-            flags = [info["consensus_correct"] for info in record["infos"].values() if "consensus_correct" in info]
-            records.append({"correct": bool(flags[0]) if flags else None, "reward": record["reward"],
-                            "tokens": record["tokens"], "actions": record["actions"], "rounds": record["rounds"],
-                            "agents": max(1, len(envs[e].possible_agents))})
-        bar.update(len(wave))
+
+    def act(steps: list[Step]) -> list[Mapping[str, Any]]:
+        return [actors[step.slot].act(step.observations, step.infos) for step in steps]
+
+    def on_step(step: Step) -> None:
+        if step.actions is None:
+            actors[step.slot].reset(episodes[step.episode][0])
+            records.append({"reward": 0.0, "actions": Counter(), "rounds": [], "tokens": 0,
+                            "agents": max(1, len(step.env.possible_agents))})
+        record = records[step.episode]
+        if step.actions is not None:
+            record["actions"].update(step.actions.values())
+            record["rounds"].append(Counter(step.actions.values()))
+            record["reward"] += sum(step.rewards.values())
+        record["tokens"] += sum(info.get("tokens", 0) for info in step.infos.values())
+        if step.done:
+            flags = [info["consensus_correct"] for info in step.infos.values() if "consensus_correct" in info]
+            record["correct"] = bool(flags[0]) if flags else None
+            bar.update(1)
+
+    run_episodes(envs, [Start(seed, {index_option: index} if index_option else None) for seed, index in episodes], act, on_step)
     bar.close()
-    return records
+    return [{key: r[key] for key in ("correct", "reward", "tokens", "actions", "rounds", "agents")} for r in records]
 
 
 def seed_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -197,35 +159,6 @@ def evaluate_entries(entries: Sequence[tuple[str, Callable[[], Any], Callable[[]
         for env in envs:
             env.close()
     return rows
-
-
-def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_kwargs: dict[str, Any],
-                     deterministic: bool = True, threads: int | None = None,
-                     trace: Any = None) -> list[tuple[str, Callable[[], Actor], Callable[[], Any]]]:
-    """Entries for learned checkpoints and named protocols on deliberation_env: policies play with the number
-    of agents they were trained for, protocols with ``env_kwargs``'s (``single`` with one agent). Checkpoints
-    are loaded here, once (a missing file fails now); ``threads``: see ``PolicyActor``. ``trace``: a
-    ``deliberation_env.analysis.traces.TraceWriter`` every entry's envs write their episodes to, labelled with the
-    entry's name (the caller closes it)."""
-    import deliberation_env
-
-    def env_for(name: str, agents: int | None = None):
-        kwargs = dict(env_kwargs)
-        if agents is not None:
-            kwargs["num_agents"] = agents
-        if trace is not None:
-            kwargs.update(trace=trace, trace_label=name)
-        return lambda: deliberation_env.parallel_env(**kwargs)
-
-    entries: list[tuple[str, Callable[[], Actor], Callable[[], Any]]] = []
-    for name, path in checkpoints.items():
-        policy = load_policy(path)
-        agents = policy.layout.num_peers + 1
-        entries.append((name, functools.partial(PolicyActor, policy, deterministic, threads), env_for(name, agents)))
-    for proto in protocols:
-        entries.append((proto, functools.partial(make_protocol, proto),
-                        env_for(proto, 1 if proto == "single" else None)))
-    return entries
 
 
 def open_trace(path: str | None) -> Any:
@@ -344,97 +277,6 @@ def plot_learning_curves(runs: dict[str, str], path: str, metric: str = "accurac
     return path
 
 
-def _named(items: Sequence[str]) -> dict[str, str]:
-    named = {}
-    for item in items:
-        name, _, path = item.rpartition("=")
-        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-        named[name or os.path.basename(os.path.normpath(folder)) or path] = path
-    return named
-
-
-def _check_paths(named: dict[str, str], what: str) -> None:
-    for path in named.values():
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{what} {path!r} does not exist")
-
-
-PROG = "python -m baselines.evaluate"
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoints", nargs="*", default=[], help="[name=]path of policy.pt checkpoints")
-    parser.add_argument("--protocols", nargs="*", default=["all"], help=f"fixed protocols: all, none or some of {PROTOCOLS}")
-    parser.add_argument("--problems", type=positive_int, default=200, help="test problems 0..P-1 (default 200)")
-    parser.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1], help="evaluation seeds (default 0 1)")
-    parser.add_argument("--task", default="arithmetic")
-    parser.add_argument("--data-dir", default=None, help="benchmark data folder (default: $DELIBERATION_ENV_DATA)")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--max-rounds", type=positive_int, default=3)
-    parser.add_argument("--num-agents", type=positive_int, default=3,
-                        help="agents of the protocols (default 3; policies use their checkpoint's, single uses 1)")
-    parser.add_argument("--token-cost", type=float, default=0.0, help="the env's reward weight of tokens (scores only)")
-    parser.add_argument("--num-envs", type=positive_int, default=32,
-                        help="episodes played together, answered in one backend call per phase (default 32)")
-    parser.add_argument("--threads", type=positive_int, default=None,
-                        help="torch threads of the policies' forward passes (default: 1 for small networks)")
-    parser.add_argument("--sample", action="store_true", help="sample learned policies' actions instead of argmax")
-    parser.add_argument("--metrics", nargs="*", default=[], help="[name=]run dir or metrics.jsonl for learning curves")
-    parser.add_argument("--out", default="runs/eval", help="where table.md/.csv and the PNG plots go")
-    parser.add_argument("--trace", default=None, metavar="FILE.jsonl",
-                        help="append one JSON line per episode (deliberation_env.analysis.traces), labelled with the entry name")
-    add_backend_arguments(parser.add_argument_group("LLM backend"))
-    return parser
-
-
-@report_user_errors(PROG)
-def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    import deliberation_env
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    protocols = list(PROTOCOLS) if args.protocols == ["all"] else [p for p in args.protocols if p != "none"]
-    unknown = [p for p in protocols if p not in PROTOCOLS]
-    if unknown:
-        parser.error(f"unknown protocol(s) {unknown}; choose all, none or some of {list(PROTOCOLS)}")
-    if not args.checkpoints and not protocols:
-        parser.error("nothing to evaluate: give --checkpoints and/or --protocols")
-    with user_input():
-        checkpoints, metrics = _named(args.checkpoints), _named(args.metrics)
-        _check_paths(metrics, "--metrics")
-        backend = backend_settings(args).build()
-        env_kwargs = {"task": args.task, "backend": backend, "split": args.split, "max_rounds": args.max_rounds,
-                      "num_agents": args.num_agents, "data_dir": args.data_dir, **env_options(args)}
-        if args.token_cost:
-            env_kwargs["reward_weights"] = {"tokens": args.token_cost}
-        check_problem_count(deliberation_env.parallel_env(**env_kwargs), args.problems)
-        for path in checkpoints.values():  # a missing or foreign checkpoint fails before anything is written
-            load_checkpoint(path)
-        os.makedirs(args.out, exist_ok=True)
-        trace = open_trace(args.trace)
-        entries = standard_entries(checkpoints, protocols, env_kwargs, deterministic=not args.sample,
-                                   threads=args.threads, trace=trace)
-    try:
-        rows = evaluate_entries(entries, args.problems, args.seeds, batch_size=args.num_envs,
-                                cache=backend if args.cache else None)
-    finally:
-        if trace is not None:
-            trace.close()
-    print(save_table(rows, args.out))
-    if args.cache:
-        print(cache_line(rows, backend))
-    plot_accuracy_vs_tokens(rows, os.path.join(args.out, "accuracy_vs_tokens.png"))
-    if metrics:
-        plot_learning_curves(metrics, os.path.join(args.out, "learning_curves.png"))
-    print(f"saved {args.out}/table.md, table.csv, accuracy_vs_tokens.png" + (", learning_curves.png" if metrics else "")
-          + (f"; traces appended to {args.trace}" if args.trace else ""))
-    close = getattr(backend, "close", None)
-    if callable(close):
-        close()
-    return rows
-
-
 def check_problem_count(env: Any, problems: int) -> None:
     """ValueError when the env's split has fewer than ``problems`` problems."""
     available = len(env.problems)
@@ -447,7 +289,3 @@ def cache_line(rows: Sequence[dict[str, Any]], backend: Any) -> str:
     """``cache FILE: entry H hits / M misses, ...`` (round-0 generations are shared between entries)."""
     parts = [f"{r['name']} {r['cache_hits']} hits / {r['cache_misses']} misses" for r in rows if "cache_hits" in r]
     return f"cache {backend.path}: " + ", ".join(parts)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
 """Evaluation and plots of ``baselines.llm.train_llm``: the team before, during (``--eval-every``) and after
-fine-tuning, through the meta-policy evaluation code (``baselines.evaluation.evaluate``), with Wilson 95% intervals on
+fine-tuning, through the evaluation both products share (``baselines.evaluation.evaluate``), with Wilson 95% intervals on
 the pooled accuracy."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Data parallelism of ``baselines.llm.train_llm`` across processes (docs/train_llm.md, "Scale-out").
 
-``accelerate launch --multi_gpu --num_processes N -m baselines.train_llm ...`` runs N copies of the loop that train
+``accelerate launch --multi_gpu --num_processes N -m baselines.llm.train_llm ...`` runs N copies of the loop that train
 one set of weights:
 
 - Problems: every process draws the same problem seeds per update (the rollout generator is seeded alike) and

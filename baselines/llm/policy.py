@@ -285,7 +285,7 @@ def team_backends(folder: str, devices: Sequence[str] | None = None, **backend_k
 
     team_file = Path(folder, "team.json")
     if not team_file.is_file():
-        raise FileNotFoundError(f"{str(team_file)!r} does not exist: give the checkpoint folder of baselines.train_llm")
+        raise FileNotFoundError(f"{str(team_file)!r} does not exist: give the checkpoint folder of baselines.llm.train_llm")
     paths = list(json.loads(team_file.read_text())["agents"].values())
     loaded: dict[str, Any] = {}
     for agent, path in enumerate(paths):

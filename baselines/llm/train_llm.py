@@ -1,6 +1,6 @@
 """Fine-tune the LLM agents themselves on the text env with MAGRPO, GRPO or SoftRankPO (docs/train_llm.md).
 
-    python -m baselines.train_llm --algo magrpo --model smollm2 --task arithmetic --task-option levels=0 \\
+    python -m baselines.llm.train_llm --algo magrpo --model smollm2 --task arithmetic --task-option levels=0 \\
         --agents 2 --group-size 4 --updates 20 --lora --train-agents 0,1 --alternate 0 --out runs/llm
 
 Each update, top to bottom:
@@ -47,7 +47,7 @@ from baselines.llm.evaluation import evaluate_team, meta_env, report
 from baselines.llm.rollout import Sample, advantages, check_planned_tree, collect
 from deliberation_env.cli import ArgumentParser, KeyValueAction, report_user_errors, user_input
 
-PROG = "python -m baselines.train_llm"
+PROG = "python -m baselines.llm.train_llm"
 
 
 # ----------------------------------------------------------------------------- the update

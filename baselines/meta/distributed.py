@@ -1,4 +1,4 @@
-"""Rollout collection in Ray actors: ``python -m baselines.train ... --num-workers N [--ray-address ADDR]``.
+"""Rollout collection in Ray actors: ``python -m baselines.meta.train ... --num-workers N [--ray-address ADDR]``.
 
 ``open_collector(cfg, env_fn, wave)`` gives the trainers one interface, ``collector.collect(layout, policy, specs,
 key, ...)``, for both paths: ``LocalCollector`` plays the episodes in this process on ``wave`` envs (the default,

@@ -7,7 +7,7 @@ For a comparison group of K returns (K rollouts of one problem, same reset seed;
 KL term of ``baselines.meta.group_trainer``. Without the std division, advantages scale with
 the rewards (the reward-scale study shows the effect).
 
-    python -m baselines.train --algo grpo --episodes 8000
+    python -m baselines.meta.train --algo grpo --episodes 8000
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The plain form has no importance ratio or clipping: one epoch, one minibatch, ``
 (the surrogate ``ratio * A`` then has the policy-gradient ``A * grad log pi`` at ratio 1), and no
 KL. All of these are configurable. Agents share one policy network (aligned turns).
 
-    python -m baselines.train --algo magrpo --episodes 8000
+    python -m baselines.meta.train --algo magrpo --episodes 8000
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"checkpoint {path!r} does not exist; train one first, e.g. "
-            f"`python -m baselines.train --algo softrankpo --out {os.path.dirname(path) or '.'}` (it writes policy.pt there)")
+            f"`python -m baselines.meta.train --algo softrankpo --out {os.path.dirname(path) or '.'}` (it writes policy.pt there)")
     data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a baselines checkpoint (format {CHECKPOINT_FORMAT})")

@@ -10,7 +10,7 @@ with ``--credit episode``, the agent's episode return minus the value, for every
 Episode ends (terminations or truncations) are treated as terminal. The actor loss is the
 clipped surrogate of ``baselines.meta.group_trainer.actor_loss`` (no KL by default).
 
-    python -m baselines.train --algo ppo --episodes 8000
+    python -m baselines.meta.train --algo ppo --episodes 8000
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 ``collect`` plays a list of episodes, each given by a reset seed (plus optional reset options)
 and a group id, on a pool of environments stepped in lockstep: one batched forward pass of the
-shared policy per round for every live agent of every environment. Deliberation envs are
-reset and stepped together through ``deliberation_env.vector.BatchedEnvs`` (one ``generate``
-call per distinct backend per phase for the whole pool; envs sharing one backend object share
-its calls); other PettingZoo envs are stepped one by one. Episodes of one group use the same
+shared policy per round for every live agent of every environment, played by the library's
+episode runner (``deliberation_env.vector.run_episodes``): deliberation envs are reset and stepped
+together (one ``generate`` call per distinct backend per phase for the whole pool; envs sharing
+one backend object share its calls); other PettingZoo envs are stepped one by one. Episodes of one group use the same
 seed, so they start from the same state and differ only in the sampled actions (and in
 whatever randomness the environment draws after them). Each episode samples its actions from
 its own stream, ``SeedSequence([*key, spec.stream])``, so an episode plays the same whichever
@@ -24,35 +24,9 @@ import torch
 from pettingzoo import ParallelEnv
 
 from baselines.meta.policy import ObsLayout, Policy, encode, encode_many
-from deliberation_env.analysis.traces import TraceWrapper
-from deliberation_env.env import DeliberationEnv
-from deliberation_env.vector import BatchedEnvs
+from deliberation_env.vector import Start, Step, run_episodes
 
 CREDITS = ("episode", "round")
-
-
-class EnvPool:
-    """Resets and steps the first n of a list of envs together: through ``BatchedEnvs`` (one backend call per
-    phase for all of them) when every env is a ``DeliberationEnv`` (or one in a ``TraceWrapper``, which records the
-    phased steps too), else one env after the other."""
-
-    def __init__(self, envs: Sequence[Any]):
-        self.envs = list(envs)
-        self.batched = all(isinstance(env, (DeliberationEnv, TraceWrapper)) for env in self.envs)
-
-    def reset(self, seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None]) -> list[tuple[Any, Any]]:
-        """Reset ``envs[:len(seeds)]``; one (observations, infos) per env."""
-        envs = self.envs[: len(seeds)]
-        if self.batched:
-            return BatchedEnvs(envs).reset(seeds, options)
-        return [env.reset(seed=seed, options=option) for env, seed, option in zip(envs, seeds, options)]
-
-    def step(self, actions: Sequence[dict[str, Any] | None]) -> list[tuple[Any, ...] | None]:
-        """Step ``envs[i]`` with ``actions[i]`` where it is not None; None for the others."""
-        envs = self.envs[: len(actions)]
-        if self.batched:
-            return BatchedEnvs(envs).step(actions)
-        return [env.step(action) if action is not None else None for env, action in zip(envs, actions)]
 
 
 @dataclass
@@ -126,77 +100,71 @@ def collect(
     want_state: bool = False,
     on_episodes: Callable[[int], None] | None = None,
 ) -> Rollouts:
-    """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes). ``policy=None`` plays uniformly random legal
-    actions; episode i samples them from ``episode_stream(key, specs[i].stream)`` (``sampling_key`` makes a key);
-    ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
+    """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes, ``deliberation_env.vector.run_episodes``). ``policy=None``
+    plays uniformly random legal actions; episode i samples them from ``episode_stream(key, specs[i].stream)``
+    (``sampling_key`` makes a key); ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
     rows: dict[str, list[Any]] = {k: [] for k in ("obs", "mask", "actions", "logp", "rewards", "episode", "group",
                                                    "agent", "step", "labels", "state")}
     summaries: list[dict[str, Any]] = []
-    pool = EnvPool(envs)
-    for start in range(0, len(specs), len(envs)):
-        wave = list(specs[start : start + len(envs)])
-        obs, infos, live, base = {}, {}, [], start
-        streams = [episode_stream(key, start + i if spec.stream is None else spec.stream) for i, spec in enumerate(wave)]
-        for e, (spec, (obs[e], infos[e])) in enumerate(zip(wave, pool.reset([s.seed for s in wave],
-                                                                             [s.options for s in wave]))):
-            env = envs[e]
-            agents = list(env.possible_agents)
+    streams: dict[int, np.random.Generator] = {}
+    rounds: dict[int, int] = {}
+
+    def act(live: list[Step]) -> list[dict[str, int]]:
+        batch = [(step, a) for step in live for a in step.env.agents]
+        x, mask = encode_many(layout, [step.observations[a] for step, a in batch])
+        if policy is None:
+            logits = torch.zeros(mask.shape).masked_fill(~mask, -1e9)
+        else:
+            with torch.no_grad():
+                logits = policy(x, mask)
+        logp_all = torch.log_softmax(logits, -1)
+        actions = sample(logp_all, np.concatenate([1.0 - streams[s.episode].random(len(s.env.agents)) for s in live]))
+        logp = logp_all.gather(1, actions[:, None]).squeeze(1)
+        chosen: dict[int, dict[str, int]] = {step.episode: {} for step in live}
+        states = {s.episode: global_state(s.env, layout, s.observations) for s in live} if want_state else {}
+        for row, (step, a) in enumerate(batch):
+            chosen[step.episode][a] = int(actions[row])
+            label = step.infos.get(a, {}).get(label_key, -1) if label_key else -1
+            rows["labels"].append(-1 if label is None else int(label))
+            rows["episode"].append(step.episode)
+            rows["group"].append(specs[step.episode].group)
+            rows["agent"].append(step.env.possible_agents.index(a))
+            rows["step"].append(rounds[step.episode])
+            if want_state:
+                rows["state"].append(states[step.episode])
+        rows["obs"].append(x.numpy())
+        rows["mask"].append(mask.numpy())
+        rows["actions"].append(actions.numpy())
+        rows["logp"].append(logp.numpy())
+        return [chosen[step.episode] for step in live]
+
+    def on_step(step: Step) -> None:
+        if step.actions is None:
+            spec = specs[step.episode]
+            streams[step.episode] = episode_stream(key, step.episode if spec.stream is None else spec.stream)
+            rounds[step.episode] = 0
             summaries.append({"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
-                              "returns": dict.fromkeys(agents, 0.0), "tokens": _tokens(infos[e]),
+                              "returns": dict.fromkeys(step.env.possible_agents, 0.0), "tokens": _tokens(step.infos),
                               "success": None, "actions": []})
-            _finish_if_done(env, infos[e], summaries[-1])
-            if env.agents:
-                live.append(e)
-        step = 0
-        while live:
-            batch = [(e, a) for e in live for a in envs[e].agents]
-            x, mask = encode_many(layout, [obs[e][a] for e, a in batch])
-            if policy is None:
-                logits = torch.zeros(mask.shape).masked_fill(~mask, -1e9)
-            else:
-                with torch.no_grad():
-                    logits = policy(x, mask)
-            logp_all = torch.log_softmax(logits, -1)
-            actions = sample(logp_all, np.concatenate([1.0 - streams[e].random(len(envs[e].agents)) for e in live]))
-            logp = logp_all.gather(1, actions[:, None]).squeeze(1)
-            chosen: dict[int, dict[str, int]] = {e: {} for e in live}
-            states = {e: global_state(envs[e], layout, obs[e]) for e in live} if want_state else {}
-            for row, (e, a) in enumerate(batch):
-                chosen[e][a] = int(actions[row])
-                label = infos[e].get(a, {}).get(label_key, -1) if label_key else -1
-                rows["labels"].append(-1 if label is None else int(label))
-                rows["episode"].append(base + e)
-                rows["group"].append(wave[e].group)
-                rows["agent"].append(envs[e].possible_agents.index(a))
-                rows["step"].append(step)
-                if want_state:
-                    rows["state"].append(states[e])
-            rows["obs"].append(x.numpy())
-            rows["mask"].append(mask.numpy())
-            rows["actions"].append(actions.numpy())
-            rows["logp"].append(logp.numpy())
-            results = pool.step([chosen.get(e) for e in range(len(wave))])
-            still = []
-            for e in live:
-                env, summary, result = envs[e], summaries[base + e], results[e]
-                if result is None:  # every live env got actions (chosen[e])
-                    raise RuntimeError(f"env {e} of the wave is live but was not stepped")
-                obs[e], rewards, terms, truncs, infos[e] = result
-                for a, act in chosen[e].items():
-                    reward = float(rewards.get(a, 0.0)) * reward_scale
-                    rows["rewards"].append(reward)
-                    summary["returns"][a] += reward
-                    summary["team_return"] += reward
-                    summary["actions"].append(act)
-                summary["length"] += 1
-                summary["tokens"] += _tokens(infos[e])
-                if all(terms.get(a, False) or truncs.get(a, False) for a in chosen[e]) or not env.agents:
-                    _finish_if_done(env, infos[e], summary, force=True)
-                else:
-                    still.append(e)
+            if step.done:
+                _finish(step.infos, summaries[-1])
+            return
+        summary = summaries[step.episode]
+        for a, action in step.actions.items():
+            reward = float(step.rewards.get(a, 0.0)) * reward_scale
+            rows["rewards"].append(reward)
+            summary["returns"][a] += reward
+            summary["team_return"] += reward
+            summary["actions"].append(action)
+        summary["length"] += 1
+        summary["tokens"] += _tokens(step.infos)
+        rounds[step.episode] += 1
+        if step.done:
+            _finish(step.infos, summary)
             if on_episodes is not None:
-                on_episodes(len(live) - len(still))
-            live, step = still, step + 1
+                on_episodes(1)
+
+    run_episodes(envs, [Start(spec.seed, spec.options) for spec in specs], act, on_step)
     arrays = {k: np.asarray(v) for k, v in rows.items() if k not in ("obs", "mask", "actions", "logp", "state")}
     return Rollouts(
         obs=np.concatenate(rows["obs"]) if rows["obs"] else np.zeros((0, layout.obs_dim), np.float32),
@@ -215,9 +183,7 @@ def _tokens(infos: dict[str, dict[str, Any]]) -> float:
     return float(sum(info.get("tokens", 0) or 0 for info in infos.values()))
 
 
-def _finish_if_done(env: Any, infos: dict[str, dict[str, Any]], summary: dict[str, Any], force: bool = False) -> None:
-    if env.agents and not force:
-        return
+def _finish(infos: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
     flags = [info["consensus_correct"] for info in infos.values() if "consensus_correct" in info]
     summary["success"] = bool(flags[0]) if flags else None
 

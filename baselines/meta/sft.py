@@ -6,7 +6,7 @@
 2. Fit the shared policy by cross-entropy on (observation, label) pairs, ``epochs`` passes of
    minibatches of ``minibatch_size``. Rows whose label is missing or masked are dropped.
 
-    python -m baselines.train --algo sft --episodes 2000
+    python -m baselines.meta.train --algo sft --episodes 2000
 """
 
 from __future__ import annotations

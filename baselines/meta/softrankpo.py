@@ -23,7 +23,7 @@ Training (``train``): stage 1, unless ``init`` is given, behaviour cloning on or
 (``baselines.meta.sft``, ``sft_episodes`` episodes); stage 2, the group trainer of
 ``baselines.meta.group_trainer`` with these advantages and the SFT policy as KL reference.
 
-    python -m baselines.train --algo softrankpo --task arithmetic --backend sim
+    python -m baselines.meta.train --algo softrankpo --task arithmetic --backend sim
 """
 
 from __future__ import annotations

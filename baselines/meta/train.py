@@ -1,12 +1,12 @@
 """Train a meta-policy from the command line, then compare it with the fixed protocols.
 
-    python -m baselines.train --algo softrankpo --task arithmetic --backend sim
-    python -m baselines.train --algo grpo --episodes 4000 --seed 1 --out runs/grpo1 --reward-scale 10
-    python -m baselines.train --algo ppo --help          # every field of that algorithm's config
+    python -m baselines.meta.train --algo softrankpo --task arithmetic --backend sim
+    python -m baselines.meta.train --algo grpo --episodes 4000 --seed 1 --out runs/grpo1 --reward-scale 10
+    python -m baselines.meta.train --algo ppo --help          # every field of that algorithm's config
 
-    python -m baselines.train --algo sft --backend transformers --model smollm2 --cache runs/smol.sqlite
-    python -m baselines.train --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME --max-tokens 256
-    python -m baselines.train --algo grpo --num-workers 4 [--ray-address HEAD:6379]   # rollouts in Ray actors
+    python -m baselines.meta.train --algo sft --backend transformers --model smollm2 --cache runs/smol.sqlite
+    python -m baselines.meta.train --backend openai --base-url http://127.0.0.1:8000/v1 --model NAME --max-tokens 256
+    python -m baselines.meta.train --algo grpo --num-workers 4 [--ray-address HEAD:6379]   # rollouts in Ray actors
 
 Algorithms: softrankpo (SFT stage, then SoftRankPO), grpo, ppo (+ --centralized-critic for
 MAPPO), magrpo, sft. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
@@ -38,7 +38,7 @@ from deliberation_env.cli import (
     user_input,
 )
 
-PROG = "python -m baselines.train"
+PROG = "python -m baselines.meta.train"
 
 ALGORITHMS: dict[str, tuple[str, str]] = {
     "softrankpo": ("baselines.meta.softrankpo", "SoftRankPOConfig"),
@@ -98,6 +98,7 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     the training env's settings (agents, rounds, token cost, sampling; ``single`` keeps one agent); save the
     table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
     from baselines.evaluation import evaluate
+    from baselines.meta.evaluate import standard_entries
     from deliberation_env.protocols import PROTOCOLS
 
     checkpoints = {}
@@ -111,7 +112,7 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     protocols = [p for p in PROTOCOLS if not (cfg.replay and p == "single")]
     trace = evaluate.open_trace(options.trace)
     try:
-        entries = evaluate.standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
+        entries = standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
         rows = evaluate.evaluate_entries(entries, options.eval_problems, list(range(options.eval_seeds)),
                                          batch_size=cfg.num_envs, cache=backend if cfg.cache else None)
     finally:

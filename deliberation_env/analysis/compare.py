@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from deliberation_env.analysis.fidelity import fmt, play_episode, plot_comparison, summarize
+from deliberation_env.analysis.fidelity import fmt, play_protocol, plot_comparison, summarize
 from deliberation_env.analysis.metrics import bootstrap_interval, spearman
 from deliberation_env.analysis.sim_fit import extract_events, fit, write_config
 from deliberation_env.analysis.solve_fit import agreement_shares
@@ -57,10 +57,11 @@ def play_protocols(make_env: Callable[[str], Any], protocols: Sequence[str], see
     """Every protocol on every problem of its env (``make_env(name)``, traced with that label), or on
     ``problems``, ``seeds`` episodes each (``comparison_seed``)."""
     for name in protocols:
-        env, protocol = make_env(name), make_protocol(name)
-        for position, problem in enumerate(problems if problems is not None else env.problems):
-            for k in range(seeds):
-                play_episode(env, protocol, problem, comparison_seed(position, k, seeds, streams))
+        env = make_env(name)
+        chosen = problems if problems is not None else env.problems
+        episodes = [(problem, comparison_seed(position, k, seeds, streams))
+                    for position, problem in enumerate(chosen) for k in range(seeds)]
+        play_protocol(env, make_protocol(name), episodes)
 
 
 def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike[str], seeds: int = DEFAULT_SEEDS,

@@ -23,6 +23,7 @@ from deliberation_env.analysis.metrics import auroc, spearman
 from deliberation_env.analysis.traces import Episode, TraceWriter, read_traces
 from deliberation_env.core.deliberation import Action
 from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.tasks.base import Problem
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
@@ -93,19 +94,22 @@ def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, tr
             if episode.problem_id not in problems:
                 raise ValueError(f"problem {episode.problem_id!r} is not in split {episode.split!r} of task "
                                  f"{episode.task!r} with settings {episode.task_settings}")
-            play_episode(env, make_protocol(episode.label), problems[episode.problem_id], episode.seed)
+            play_protocol(env, make_protocol(episode.label), [(problems[episode.problem_id], episode.seed)])
     return read_traces(trace_path), notes
 
 
-def play_episode(env: Any, protocol: Any, problem: Any, seed: int) -> None:
-    """Play one episode of ``protocol`` on ``env`` (a ``DeliberationEnv``, or one in a ``TraceWrapper``) with this
-    problem and episode seed."""
-    protocol.reset(seed % 2**32)
-    env.begin_reset(problem, seed)
-    env.run_pending()
-    observations, infos = env.end_reset()
-    while env.agents:
-        observations, _, _, _, infos = env.step(protocol.act(observations, infos))
+def play_protocol(env: Any, protocol: Any, episodes: Sequence[tuple[Problem, int]]) -> None:
+    """Play ``protocol`` on ``env`` (a ``DeliberationEnv``), one episode per (problem, episode seed), one after the
+    other (the episode runner, ``deliberation_env.vector.run_episodes``); the protocol is reset with each
+    episode's seed."""
+    from deliberation_env.vector import Start, Step, run_episodes
+
+    def on_step(step: Step) -> None:
+        if step.actions is None:
+            protocol.reset(episodes[step.episode][1] % 2**32)
+
+    run_episodes([env], [Start(seed, problem=problem) for problem, seed in episodes],
+                 lambda steps: [protocol.act(step.observations, step.infos) for step in steps], on_step)
 
 
 def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: Path) -> str:

@@ -29,6 +29,7 @@ from typing import Any, get_args
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
 from deliberation_env.backends.base import RequestKind
+from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core.deliberation import Action
 
 TRACE_VERSION = 1
@@ -178,14 +179,17 @@ class TraceWrapper(BaseParallelWrapper):
         self.rounds: list[Round] = []
         """The rounds of the episode in progress."""
 
+    phased = True
+    """Runners may drive it in phases (``deliberation_env.vector``): its ``end_reset``/``end_step`` record."""
+
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self.env.begin_episode(seed, options)
-        self.env.run_pending()
+        answer_pending([self.env])
         return self.end_reset()
 
     def step(self, actions: Mapping[str, Any]):
         self.env.begin_step(actions)
-        self.env.run_pending()
+        answer_pending([self.env])
         return self.end_step()
 
     def end_reset(self):

@@ -1,9 +1,15 @@
-"""The one request grouper: answer requests that belong to different backends with one call per backend."""
+"""The one request grouper, and the one loop that answers envs' pending requests through it.
+
+``generate_by_backend`` answers requests that belong to different backends with one call per backend;
+``answer_pending`` answers the pending requests of one or many envs (``DeliberationEnv`` and anything with its
+``pending_requests`` / ``receive`` / ``backends``), wave after wave, until none is left: every env's
+``reset``/``step`` and the episode runner (``deliberation_env.vector``) go through it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
 
@@ -24,3 +30,25 @@ def generate_by_backend(requests: Sequence[Request], backends: Sequence[Backend]
         for position, completion in zip(positions, answered):
             completions[position] = completion
     return cast("list[Completion]", completions)  # every position belongs to one group: all filled
+
+
+def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:
+    """Answer requests with each agent's backend (``backends[request.agent]``): one call per distinct backend."""
+    return generate_by_backend(requests, [backends[request.agent] for request in requests])
+
+
+def answer_pending(envs: Sequence[Any], backend: Backend | None = None,
+                   when: Callable[[list[Request]], bool] | None = None) -> None:
+    """Answer the envs' pending requests, one wave (one call per distinct backend, all envs together) per phase,
+    until no env has any: with ``backend`` if given, else each env's agent's own (``env.backends[agent]``).
+    ``when``: answer an env's requests only while ``when(requests)`` holds (the others are left pending)."""
+    while True:
+        pending = [(env, env.pending_requests()) for env in envs]
+        pending = [(env, requests) for env, requests in pending if requests and (when is None or when(requests))]
+        if not pending:
+            return
+        flat = [(env, request) for env, requests in pending for request in requests]
+        answered = iter(generate_by_backend([request for _, request in flat],
+                                            [backend or env.backends[request.agent] for env, request in flat]))
+        for env, requests in pending:
+            env.receive([next(answered) for _ in requests])

@@ -38,6 +38,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 import time
 import uuid
@@ -156,9 +157,17 @@ class OpenAICompatibleBackend:
         loop.call_soon_threadsafe(loop.stop)
 
     def __del__(self) -> None:
+        """Stops the event loop of a backend dropped without ``close()``. Nothing to do at interpreter exit, where
+        the loop's daemon thread ends with the process and asyncio's modules may already be torn down (stopping the
+        loop then raised in ``__del__``), nor for an object whose ``__init__`` failed (it has no loop)."""
+        if sys is None or sys.is_finalizing():
+            return
         loop = getattr(self, "_loop", None)
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(loop.stop)
+        try:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(loop.stop)
+        except (AttributeError, RuntimeError, TypeError):  # closed meanwhile, or modules torn down by a late gc
+            pass
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Answers ``requests`` in order (concurrently on the backend's event loop); blocks until all are done."""

@@ -81,7 +81,7 @@ class TransformersBackend:
     ):
         """``model``: a local model directory (or hub id), a ``.gguf`` file path, or a PEFT adapter folder
         (``adapter_config.json``; its base, a path relative to the folder or a hub id, is loaded and the adapter
-        merged in: the base-plus-adapter checkpoints of ``baselines.train_llm``; needs ``peft``).
+        merged in: the base-plus-adapter checkpoints of ``baselines.llm.train_llm``; needs ``peft``).
 
         ``gguf_file``: a GGUF file name inside ``model`` (or a full path). ``dtype``: bfloat16
         (fastest on most CPUs), float16, float32 or auto. ``converted_cache_dir``: where to keep

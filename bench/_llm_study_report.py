@@ -1,4 +1,4 @@
-"""The report of ``bench/train_llm.py``'s study (results/<stem>.md and .png) from its finished chunks.
+"""The report of ``bench/llm_study.py``'s study (results/<stem>.md and .png) from its finished chunks.
 
 Per cell: the held-out accuracy pooled over its training runs, each run's accuracy, the spread between runs (their
 standard deviation), and two 95% intervals: over the evaluation problems only (Wilson), and over training runs and
@@ -60,7 +60,7 @@ def study_settings(cells: dict[str, list[dict]]) -> dict | None:
     for config in configs[1:]:
         differing = [key for key in STUDY_KEYS if config[key] != settings[key]]
         if differing:
-            raise SystemExit(f"train_llm.py: the finished chunks in results/ differ in {', '.join(differing)}; "
+            raise SystemExit(f"llm_study.py: the finished chunks in results/ differ in {', '.join(differing)}; "
                              "one study's chunks share their settings (give another setting its own --stem)")
     return settings
 
@@ -125,7 +125,7 @@ def yardstick(cells: dict[str, list[dict]], same_pairs: Sequence[tuple[str, str]
             for a, b in same_pairs if a in cells and b in cells]
     if not gaps:
         return ""
-    return (f"Cells that are one algorithm wherever the answers are readable (bench/train_llm.py SAME_BY_CONSTRUCTION) "
+    return (f"Cells that are one algorithm wherever the answers are readable (bench/llm_study.py SAME_BY_CONSTRUCTION) "
             f"differ by {', '.join(gaps)}: that gap is (nearly all) run-to-run noise, the yardstick for every other difference "
             "here.\n\n")
 
@@ -180,7 +180,7 @@ def report(stem: str, order: Sequence[str], fallback: dict, notes: str = "",
             + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + ".")
     if cells:
         plot_curves(cells, os.path.join(_results.RESULTS, f"{stem}.png"))
-    _results.save_markdown(stem, "LLM fine-tuning, reward x credit (bench/train_llm.py)", body)
+    _results.save_markdown(stem, "LLM fine-tuning, reward x credit (bench/llm_study.py)", body)
 
 
 def plot_curves(cells: dict[str, list[dict]], path: str) -> None:

@@ -35,10 +35,10 @@ kB that are kept with the repository (``--commit`` commits each one), so that a 
 not keep ``--out`` loses at most the chunk it was in. A rerun skips finished chunks, so the study runs in the
 background across sessions:
 
-    python bench/train_llm.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
-    python bench/train_llm.py --model ... --report-only      # the report from the chunks finished so far
+    python bench/llm_study.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    python bench/llm_study.py --model ... --report-only      # the report from the chunks finished so far
 
-The report (results/<--stem>.md, .png; bench/_train_llm_report.py): per cell, each training run's held-out accuracy,
+The report (results/<--stem>.md, .png; bench/_llm_study_report.py): per cell, each training run's held-out accuracy,
 the spread between runs (their sd), and 95% intervals over the evaluation problems only (Wilson) and over training
 runs and problems (a hierarchical bootstrap: runs resampled within each cell, then the problems, paired across
 cells); the same two intervals against the untrained team, for every pair of cells and, for the 2x2, its main
@@ -52,7 +52,7 @@ memory, estimated):
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8000 --dtype bfloat16 \\
         --enable-lora --max-lora-rank 8 --max-loras 2 --logprobs-mode processed_logprobs --gpu-memory-utilization 0.35 &
-    python bench/train_llm.py --preset gpu --commit
+    python bench/llm_study.py --preset gpu --commit
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ import subprocess
 import time
 from dataclasses import asdict
 
-from _train_llm_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
+from _llm_study_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 
 from baselines.config import field_docs
 from baselines.llm.config import LLMTrainConfig
@@ -197,7 +197,7 @@ def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) ->
     if args.commit:
         folder = os.path.dirname(path)
         subprocess.run(["git", "add", "--", folder], check=True)
-        subprocess.run(["git", "commit", "-q", "-m", f"{args.stem}: {name} finished (bench/train_llm.py --commit)",
+        subprocess.run(["git", "commit", "-q", "-m", f"{args.stem}: {name} finished (bench/llm_study.py --commit)",
                         "--", folder], check=True)
 
 
@@ -249,7 +249,7 @@ def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
     differing = [f"{key} ({flags[key]!r} here, {settings[key]!r} in the finished chunks)"
                  for key in STUDY_KEYS if flags[key] != settings[key]]
     if differing:
-        raise SystemExit(f"train_llm.py: these flags differ from the study's finished chunks: {'; '.join(differing)}; "
+        raise SystemExit(f"llm_study.py: these flags differ from the study's finished chunks: {'; '.join(differing)}; "
                          "pass the study's flags (see results/<--stem>.md) or another --stem")
 
 
