@@ -202,3 +202,16 @@ def test_no_module_imports_another_modules_private_names():
                 offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: from {source} import {alias.name}"
                               for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert not offenders, "imports of private names:\n" + "\n".join(offenders)
+
+
+def test_the_backend_protocol_knows_nothing_of_the_simulator_or_the_tasks(graph):
+    """Requests carry no simulator state: ``backends.base`` reaches neither ``backends.sim*`` nor ``tasks``, not
+    even through the modules it imports (the sim asks the deliberation for its context: ``backends.sim_context``)."""
+    reached, frontier = set(), ["deliberation_env.backends.base"]
+    while frontier:
+        for target in graph[frontier.pop()] - reached:
+            reached.add(target)
+            frontier.append(target)
+    offenders = sorted(module for module in reached
+                       if module.startswith(("deliberation_env.backends.sim", "deliberation_env.tasks")))
+    assert not offenders, f"deliberation_env.backends.base reaches {offenders}"

@@ -117,7 +117,7 @@ class ReplayBackend:
     def _place(self, request: Request) -> dict[str, Any]:
         """Where a request sits in the tree (split, problem, stream, round), found from its seed."""
         card = self.set.card
-        problem = request.context.problem.id if request.context is not None else "?"
+        problem = request.problem if request.problem is not None else "?"
         for stream in range(card.streams):
             for round_ in range(card.rounds + 2):
                 episode = stream_seed(stream, problem, card.request_format)

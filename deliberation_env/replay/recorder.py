@@ -90,12 +90,12 @@ class TreeRecorder:
             while True:
                 missing: dict[str, tuple[Request, dict[str, Any]]] = {}
                 ended = []
+                waiting = []  # the cores of the missing requests, alive until answered: a sim asks them for context
                 for path in paths:
                     core, gaps = self._play(path)
                     for request, place in gaps:
                         missing.setdefault(request_key(request), (request, {**place, "split": split}))
-                    if not gaps:
-                        ended.append((path, core))
+                    (waiting if gaps else ended).append((path, core))
                 if not missing:
                     break
                 if on_wave is not None:
