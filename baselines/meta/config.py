@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselines.config import TrainConfig
-from deliberation_env.cli import BackendFlags, backend_settings, env_options
+from deliberation_env.cli import BackendSettings, backend_settings, env_options
 
 CREDIT_SPANS = ("episode", "round")
 """What a round's return spans (``credit_span``): the agent's whole episode, or the rounds from it on."""
 
 
 @dataclass
-class BaseConfig(TrainConfig, BackendFlags):
-    """Settings every meta-policy trainer has: the shared ``TrainConfig``, the backend flags (``BackendFlags``), the
+class BaseConfig(TrainConfig, BackendSettings):
+    """Settings every meta-policy trainer has: the shared ``TrainConfig``, the backend flags (``BackendSettings``), the
     budget, the credit assignment, the network and the rollout workers."""
 
     task: str = "arithmetic"
