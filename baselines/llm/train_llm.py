@@ -180,7 +180,7 @@ def make_scheduler(optimizer: Any, cfg: LLMTrainConfig) -> Any:
 
 def trained_now(cfg: LLMTrainConfig, update: int) -> list[int]:
     """The agents trained at ``update``: all of train_agents, or one at a time with ``alternate``."""
-    agents = cfg.num_agents_trained()
+    agents = cfg.agents_trained()
     return [agents[(update // cfg.alternate) % len(agents)]] if cfg.alternate else agents
 
 

@@ -89,8 +89,8 @@ class TreeRecorder:
             stats.paths[depth] += len(paths)
             while True:
                 missing: dict[str, tuple[Request, dict[str, Any]]] = {}
-                ended = []
-                waiting = []  # the cores of the missing requests, alive until answered: a sim asks them for context
+                ended: list[tuple[Walk, Deliberation]] = []
+                waiting: list[tuple[Walk, Deliberation]] = []  # alive until answered: a sim asks them for context
                 for path in paths:
                     core, gaps = self._play(path)
                     for request, place in gaps:
