@@ -1,71 +1,54 @@
-"""Dataclass configs as command-line flags: one ``--flag`` per field, its help text the field's docstring (used by
-``python -m baselines.meta.train`` and ``python -m baselines.llm.train_llm``)."""
+"""The base of every trainer's config: one name and one meaning per setting that the meta-policy trainers
+(``baselines.meta.config.BaseConfig``) and the LLM trainers (``baselines.llm.config.LLMTrainConfig``) share.
+
+Their command-line flags come from the library's one dataclass-to-flags builder
+(``deliberation_env.cli.add_config_arguments``): one ``--flag`` per field, its help text the field's docstring.
+A subclass redeclares a field to change its default or say more in its docstring, never its meaning.
+"""
 
 from __future__ import annotations
 
-import argparse
-import ast
-import inspect
-import textwrap
-import types
-import typing
-from collections.abc import Collection
-from dataclasses import MISSING, fields
-from typing import Any, cast
+from dataclasses import dataclass
+
+from deliberation_env.cli import EnvFlags
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field (attribute docstrings), for cls and its bases."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if klass is object or not hasattr(klass, "__dataclass_fields__"):
-            continue
-        source = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
-        body = cast(ast.ClassDef, source).body  # the source of a class is one class statement
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
+@dataclass
+class TrainConfig(EnvFlags):
+    """Settings every trainer has: the deliberation and its env options (``max_tokens``, ``temperature``,
+    ``env_options``), the run, the reward scale and discount, the optimiser, logging."""
 
+    task: str = "arithmetic"
+    """deliberation_env task."""
+    num_agents: int = 3
+    """Agents in the deliberation."""
+    max_rounds: int = 3
+    """Deliberation rounds after round 0."""
+    seed: int = 0
+    """Seed of the training run."""
+    out: str = ""
+    """Output folder of metrics and checkpoints."""
+    reward_scale: float = 1.0
+    """Every reward is multiplied by this before the trainer sees it."""
+    gamma: float = 1.0
+    """Discount of returns-to-go (0: each round's own reward)."""
+    lr: float = 3e-3
+    """Learning rate."""
+    threads: int = 1
+    """torch CPU threads."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files (when tensorboard is installed)."""
 
-def _base_type(annotation: Any) -> tuple[type, bool]:
-    """(scalar type, optional?) of a field annotation such as ``int``, ``str | None``."""
-    if isinstance(annotation, str):
-        annotation = eval(annotation, {"typing": typing, "Any": Any})  # annotations are postponed strings here
-    args = typing.get_args(annotation)
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        kinds = [a for a in args if a is not type(None)]
-        return kinds[0], True
-    return annotation, False
-
-
-def _optional(kind: type):
-    def parse(text: str):
-        return None if text.lower() in ("none", "") else kind(text)
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
-                         skip: Collection[str] = ()) -> None:
-    """One --flag per field of dataclass cls (except ``skip``), help text from its docstring, default shown."""
-    docs = field_docs(cls)
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        kind, optional = _base_type(f.type)
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        text = f"{docs.get(f.name, '')} (default: {default})"
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text)
-        else:
-            parser.add_argument(flag, dest=f.name, type=_optional(kind) if optional else kind, default=default,
-                                metavar=kind.__name__.upper(), help=text)
-
-
-def config_from_args(cls: type, args: argparse.Namespace):
-    """An instance of dataclass cls from the parsed flags of its fields."""
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+    def validate(self) -> None:
+        """Raise ValueError on inconsistent shared settings (subclasses check their own, then call this)."""
+        for name in ("num_agents", "max_rounds", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.reward_scale <= 0:
+            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")

@@ -19,11 +19,12 @@ from collections.abc import Sequence
 import _results
 import numpy as np
 
+from baselines.llm.checkpoint import current_names
 from deliberation_env.analysis.metrics import hierarchical_bootstrap, paired_bootstrap, wilson_interval
 
 CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
 """the training metrics kept with each chunk's result and plotted as learning curves"""
-STUDY_KEYS = ("model", "task_options", "agents", "max_rounds", "max_tokens", "temperature", "group_size", "joint",
+STUDY_KEYS = ("model", "task_options", "num_agents", "max_rounds", "max_tokens", "temperature", "group_size", "joint",
               "problems_per_update", "updates", "lr", "dtype", "device", "eval_problems")
 """the settings every chunk of one study shares (each cell sets its own reward and credit, each chunk its seed)"""
 MIN_RUNS = 3
@@ -53,7 +54,7 @@ def study_settings(cells: dict[str, list[dict]]) -> dict | None:
     """The settings the finished chunks were trained and evaluated with, or None before the first chunk.
 
     The report describes these, not the flags of the run that writes it. Chunks that disagree cannot be one study."""
-    configs = [result["config"] for results in cells.values() for result in results]
+    configs = [current_names(result["config"]) for results in cells.values() for result in results]
     if not configs:
         return None
     settings = {key: configs[0][key] for key in STUDY_KEYS}
@@ -167,7 +168,7 @@ def report(stem: str, order: Sequence[str], fallback: dict, notes: str = "",
                                           f", seed {seed} only")
     settings = study_settings(cells) or fallback
     options = settings["task_options"]
-    body = (f"Team of {settings['agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "
+    body = (f"Team of {settings['num_agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "
             f"{settings['dtype']}, {settings['device']}), arithmetic levels {list(options['levels'])} with the "
             f"{options['prompt']} prompt, debate with {settings['max_rounds']} round, {settings['max_tokens']} tokens per "
             f"answer at temperature {settings['temperature']:g}, {settings['joint']}ed trees of G={settings['group_size']} "

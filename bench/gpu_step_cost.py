@@ -111,7 +111,7 @@ def time_updates(args: argparse.Namespace, team, vocab: int) -> tuple[float, flo
     from baselines.llm.rollout import Sample
     from baselines.llm.train_llm import make_optimizer, policy_update
 
-    cfg = LLMTrainConfig(agents=args.agents, micro_batch=args.micro_batch, max_tokens=args.completion)
+    cfg = LLMTrainConfig(num_agents=args.agents, micro_batch=args.micro_batch, max_tokens=args.completion)
     optimizer = make_optimizer(team, cfg)
     rng = np.random.default_rng(0)
     times = []

@@ -68,13 +68,12 @@ from dataclasses import asdict
 
 from _llm_study_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 
-from baselines.config import field_docs
 from baselines.llm.config import LLMTrainConfig
 from baselines.llm.evaluation import evaluate_team
 from baselines.llm.policy import team_backends
 from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import ArgumentParser, field_docs
 
 REWARDS = {"team": {"team": 1.0}, "teamturn": {"team_turn": 1.0}, "own": {"correct": 1.0}}
 """team: the consensus is right, paid on the final round only; teamturn: the consensus of the answers held after each
@@ -172,7 +171,7 @@ def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfi
     out = os.path.join(args.out, f"{cell}-seed{seed}")
     state = os.path.join(out, "state")
     return LLMTrainConfig(
-        model=args.model, agents=args.agents, group_size=args.group_size,
+        model=args.model, num_agents=args.agents, group_size=args.group_size,
         problems_per_update=args.problems_per_update, updates=args.updates, max_tokens=args.max_tokens,
         max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
         device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,
@@ -218,7 +217,7 @@ def run_untrained(args: argparse.Namespace) -> None:
     cfg = cell_config(args, args.cells[0], 0)
     start = time.time()
     untrained = _Untrained(make_team(cfg))
-    row = evaluate_team("untrained", cached([untrained] * cfg.agents, os.path.join(args.out, "untrained")), cfg)
+    row = evaluate_team("untrained", cached([untrained] * cfg.num_agents, os.path.join(args.out, "untrained")), cfg)
     write_result(args, "untrained", row, {"eval_seconds": time.time() - start})
 
 

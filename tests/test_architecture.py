@@ -371,3 +371,11 @@ def test_every_documented_entry_point_is_a_module_of_the_tree():
                 if not (base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()):
                     missing.add(f"{file.relative_to(ROOT)}: python -m {module}")
     assert not missing, "documented entry points that are no module:\n" + "\n".join(sorted(missing))
+
+
+def test_the_backend_protocol_knows_nothing_of_the_simulator_or_the_tasks(graph):
+    """Requests carry no simulator state: ``backends.base`` reaches neither ``backends.sim*`` nor ``tasks``, not
+    even through the modules it imports (the sim asks the deliberation for its context: ``backends.sim_context``)."""
+    offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"}, set())
+                       if module.startswith(("deliberation_env.backends.sim", "deliberation_env.tasks")))
+    assert not offenders, f"deliberation_env.backends.base reaches {offenders}"

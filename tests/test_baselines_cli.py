@@ -22,11 +22,11 @@ GROUP = ["--group-size", "4", "--groups-per-batch", "4"]
 
 @pytest.mark.parametrize(("algo", "extra"), [
     ("softrankpo", GROUP + ["--sft-episodes", "16", "--sft-epochs", "2"]),
-    ("softrankpo", GROUP + ["--sft-episodes", "0", "--credit", "round"]),
+    ("softrankpo", GROUP + ["--sft-episodes", "0", "--credit-span", "round"]),
     ("grpo", GROUP + ["--no-std-normalize"]),
-    ("magrpo", GROUP + ["--credit", "round", "--std-normalize"]),
+    ("magrpo", GROUP + ["--credit-span", "round", "--std-normalize"]),
     ("ppo", ["--episodes-per-batch", "16"]),
-    ("ppo", ["--episodes-per-batch", "16", "--centralized-critic", "--credit", "episode"]),
+    ("ppo", ["--episodes-per-batch", "16", "--centralized-critic", "--credit-span", "episode"]),
     ("sft", ["--epochs", "2"]),
 ])
 def test_each_trainer_smoke_through_cli(tmp_path, algo, extra):
@@ -129,7 +129,7 @@ def test_help_documents_every_field(capsys):
         train_cli.main(["--algo", "softrankpo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for phrase in ("--tau", "Phi^-1(p) / tau", "--group-size", "rollouts per problem", "--reward-scale",
-                   "multiplied by this", "--credit", "--sft-episodes", "--kl-coef"):
+                   "multiplied by this", "--credit-span", "--sft-episodes", "--kl-coef"):
         assert phrase in text
 
 

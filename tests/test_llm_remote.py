@@ -134,7 +134,7 @@ def test_train_samples_on_the_server_and_syncs_after_each_update(team, base, con
     from baselines.llm.train_llm import train
 
     with lora_server(base) as server:
-        cfg = LLMTrainConfig(agents=2, group_size=2, problems_per_update=1, updates=1, max_tokens=8,
+        cfg = LLMTrainConfig(num_agents=2, group_size=2, problems_per_update=1, updates=1, max_tokens=8,
                              meta_policy="self_consistency", credit="agent", task_options={"levels": 0},
                              env_options={"confidence": "answer_logprobs", "count_tokens": len}, reward_weights={"length": 0.1, "format": 1.0},
                              lr=1e-2, train_agents="1", evaluate=False, progress=False, tensorboard=False,

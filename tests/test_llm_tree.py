@@ -23,7 +23,7 @@ SEED = 5
 EOS = 0
 # 1 debate round without critic turns: T = 2 turns (solve, refine); each agent's step reward is 1 when its answer
 # is right (the "correct" turn term), so a joint action's team reward counts its right answers
-CFG = LLMTrainConfig(agents=2, group_size=2, max_rounds=1, task_options={"levels": 0}, gamma=0.5,
+CFG = LLMTrainConfig(num_agents=2, group_size=2, max_rounds=1, task_options={"levels": 0}, gamma=0.5,
                      env_options={"confidence": "answer_logprobs"}, reward_weights={"local": 0, "global": 0, "correct": 1})
 # (agent, turn) -> whether candidate g answers right
 SCRIPT = {(0, 0): (True, False), (1, 0): (True, True), (0, 1): (True, False), (1, 1): (True, False)}
@@ -78,7 +78,7 @@ def gold(cfg: LLMTrainConfig = CFG) -> str:
 def play(cfg: LLMTrainConfig = CFG, sampler=None, **kwargs):
     sampler = sampler or Scripted(gold(cfg))
     envs = [make_text_env(cfg)]
-    return collect(envs, FakeTeam(sampler, cfg.agents), [SEED], 0, list(range(cfg.agents)), cfg, **kwargs)
+    return collect(envs, FakeTeam(sampler, cfg.num_agents), [SEED], 0, list(range(cfg.num_agents)), cfg, **kwargs)
 
 
 def by_group(samples, tree):
@@ -106,7 +106,7 @@ def test_each_turn_group_holds_the_g_siblings_of_one_parent(joint):
 @pytest.mark.parametrize(("agents", "joint", "leaves"), [(2, "align", 2**2), (2, "cross", 2**4), (3, "align", 2**2),
                                                          (3, "cross", 2**6)])
 def test_leaf_counts(agents, joint, leaves):
-    cfg = replace(CFG, agents=agents, joint=joint)
+    cfg = replace(CFG, num_agents=agents, joint=joint)
     samples, tree = play(cfg)
     assert len(tree.records) == leaves  # G^T aligned, G^(N*T) crossed
     root = make_text_env(cfg)
@@ -123,9 +123,9 @@ def test_a_tree_over_the_bound_is_an_error_before_anything_is_generated():
     sampler = Scripted(gold())
     with pytest.raises(ValueError, match=r"73 states per problem \(64 leaves after 2 turns; --group-size 2, --joint "
                                          r"cross, 3 agents\), more than --max-tree-nodes 50: lower --group-size"):
-        play(replace(CFG, agents=3, joint="cross", max_tree_nodes=50), sampler)
+        play(replace(CFG, num_agents=3, joint="cross", max_tree_nodes=50), sampler)
     assert sampler.calls == 0
-    play(replace(CFG, agents=3, joint="cross", max_tree_nodes=73))
+    play(replace(CFG, num_agents=3, joint="cross", max_tree_nodes=73))
 
 
 def adv_of(cfg, **changes):

@@ -132,3 +132,24 @@ def test_sim_answer_logprobs_confidence_is_informative_and_costs_no_critic_call(
             if info["answer"] is not None:
                 (right if info["correct"] else wrong).append(info["confidence"])
     assert np.mean(right) > np.mean(wrong) + 0.1
+
+
+def test_a_fork_is_answered_from_its_own_state():
+    # The sim reads a request's context from the deliberation that made it: a fork (tree rollouts) must get the
+    # fork's, not the original's. Confidences after forking equal those of unforked envs given the same texts.
+    def env_at_round_0():
+        env = deliberation_env.text_env(num_agents=2, max_rounds=1, critic=SimBackend())
+        env.reset(seed=3)
+        return env
+
+    def confidences(env, answer):
+        _, _, _, _, infos = env.step({agent: f"The answer is {answer}." for agent in env.agents})
+        return [infos[agent]["confidence"] for agent in sorted(infos)]
+
+    gold = env_at_round_0().deliberation.problem.answer
+    original = env_at_round_0()
+    fork = original.fork()
+    right, wrong = confidences(original, gold), confidences(fork, "7")
+    assert right == confidences(env_at_round_0(), gold)
+    assert wrong == confidences(env_at_round_0(), "7")
+    assert right != wrong

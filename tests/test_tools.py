@@ -7,7 +7,6 @@ import itertools
 import pytest
 
 import deliberation_env
-from deliberation_env import cli
 from deliberation_env.backends.base import Completion
 from deliberation_env.backends.tools import PythonTool, with_tools
 from deliberation_env.core import features
@@ -82,16 +81,11 @@ def test_the_program_s_output_becomes_the_answer_and_the_text_s_answer_stays_oth
 
 @pytest.fixture(scope="module")
 def tool_set(tmp_path_factory):
-    BACKENDS.register("code-writer", CodeWriter, overwrite=True)
-    names = tuple(cli.BACKEND_NAMES)
-    cli.BACKEND_NAMES = (*names, "code-writer")
-    try:
-        out = tmp_path_factory.mktemp("sets") / "code-team"
-        record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "1", "--rounds", "1",
-                "--backend", "code-writer", "--task-option", "levels=[0,1]", "--agents", "3",
-                "--env-option", f"roles={TEAM!r}"])
-    finally:
-        cli.BACKEND_NAMES = names
+    BACKENDS.register("code-writer", CodeWriter, overwrite=True)  # --backend takes any registered name
+    out = tmp_path_factory.mktemp("sets") / "code-team"
+    record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "1", "--rounds", "1",
+            "--backend", "code-writer", "--task-option", "levels=[0,1]", "--agents", "3",
+            "--env-option", f"roles={TEAM!r}"])
     return out
 
 

@@ -24,7 +24,7 @@ from deliberation_env.backends.base import Message, Request  # noqa: E402
 # Tiny episodes: round 0 only (self_consistency: a tree of one node), no critic turns, 8 tokens; on problem seed 3
 # the sampled completions get distinct returns (whether an answer can be read differs). The completions are handed
 # to the env with their token counts, so count_tokens=len only counts the prompts.
-CONFIG = LLMTrainConfig(agents=2, group_size=3, max_tokens=8, meta_policy="self_consistency", credit="agent",
+CONFIG = LLMTrainConfig(num_agents=2, group_size=3, max_tokens=8, meta_policy="self_consistency", credit="agent",
                         task_options={"levels": 0}, env_options={"confidence": "answer_logprobs", "count_tokens": len},
                         reward_weights={"length": 0.1, "format": 1.0}, lr=1e-3, train_agents="0", micro_batch=4)
 

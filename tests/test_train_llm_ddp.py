@@ -31,7 +31,7 @@ print(f"process {state.process_index} of {state.num_processes}", flush=True)
 # One update of 2 problems x G = 3 rollouts, both agents trained. micro_batch = generate_batch = G: each micro-batch
 # (and generate batch) holds one problem's completions of one agent in both layouts, so the forward passes match
 # row for row and the comparison isolates the splitting, the normalisers and the gradient all-reduce.
-SETTINGS = {"agents": 2, "group_size": 3, "problems_per_update": 2, "updates": 1, "max_tokens": 8,
+SETTINGS = {"num_agents": 2, "group_size": 3, "problems_per_update": 2, "updates": 1, "max_tokens": 8,
             "meta_policy": "self_consistency", "credit": "agent", "task_options": {"levels": 0},
             "reward_weights": {"length": 0.1, "format": 1.0}, "lr": 1e-3, "micro_batch": 3, "generate_batch": 3,
             "device": "cpu", "evaluate": False, "progress": False, "tensorboard": False, "seed": 5}

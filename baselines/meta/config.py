@@ -1,43 +1,29 @@
 """The meta-policy trainers' typed config (``BaseConfig``, every trainer's config extends it) and the deliberation
-environments and backend it describes (``make_env_fn``). Their CLI flags come from ``baselines.config``."""
+environments and backend it describes (``make_env_fn``). Their CLI flags come from their fields
+(``deliberation_env.cli.add_config_arguments``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from deliberation_env.cli import BackendSettings
+from baselines.config import TrainConfig
+from deliberation_env.cli import BackendSettings, backend_settings, env_options
+
+CREDIT_SPANS = ("episode", "round")
+"""What a round's return spans (``credit_span``): the agent's whole episode, or the rounds from it on."""
 
 
 @dataclass
-class BaseConfig:
-    """Settings every trainer has: the environment, the budget, the reward handling, logging."""
+class BaseConfig(TrainConfig, BackendSettings):
+    """Settings every meta-policy trainer has: the shared ``TrainConfig``, the backend flags (``BackendSettings``), the
+    budget, the credit assignment, the network and the rollout workers."""
 
     task: str = "arithmetic"
     """deliberation_env task (ignored when train() gets an env_fn for another environment)."""
     replay: str | None = None
     """A replay set (shipped name, folder or hf://owner/name): train and evaluate on a real model's recorded behaviour
     with the set's own settings (task, prompts, agents, rounds, tokens); replaces task, backend and their options."""
-    backend: str = "sim"
-    """deliberation_env backend: sim, transformers or openai (ignored with an env_fn)."""
-    model: str | None = None
-    """transformers: a model folder, hub id, .gguf file or 'smollm2'; openai: the served model name."""
-    base_url: list[str] = field(default_factory=list)
-    """openai: the server URL(s), ending in /v1."""
-    cache: str | None = None
-    """A SQLite file that answers repeated LLM requests (one cache shared by every env)."""
-    dtype: str | None = None
-    """transformers: the weights' dtype (bfloat16, float16, float32, auto)."""
-    batch_size: int | None = None
-    """transformers: rows per generate batch."""
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    """Further constructor keywords of the backend (--backend-option KEY=VALUE)."""
-    max_tokens: int | None = None
-    """Tokens per solution or refinement (the env's max_tokens; default 512)."""
-    temperature: float | None = None
-    """Sampling temperature of solutions (the env's temperature; default 0.7)."""
-    env_options: dict[str, Any] = field(default_factory=dict)
-    """Further env options (--env-option KEY=VALUE, e.g. critic_max_tokens=8)."""
     data_dir: str | None = None
     """Benchmark data folder (default: $DELIBERATION_ENV_DATA)."""
     num_agents: int = 3
@@ -52,46 +38,32 @@ class BaseConfig:
     """Seed of the training run (network init, problem order, action sampling)."""
     out: str = ""
     """Output directory for metrics and checkpoints (default: runs/<algo>-seed<seed>)."""
-    reward_scale: float = 1.0
-    """Every reward is multiplied by this before the trainer sees it."""
-    credit: str = "episode"
-    """Credit assignment: 'episode' (each agent's episode return for all its rounds) or 'round' (reward-to-go from each round, compared per round)."""
+    credit_span: str = field(default="episode", metadata={"argparse": {"choices": CREDIT_SPANS}})
+    """What each round's credit spans: 'episode' (each agent's episode return for all its rounds) or 'round'
+    (reward-to-go from each round, compared per round)."""
     gamma: float = 1.0
-    """Discount of the reward-to-go with --credit round and of PPO's returns (0: each round's own reward)."""
+    """Discount of the reward-to-go with --credit-span round and of PPO's returns (0: each round's own reward)."""
     hidden: int = 64
     """Width of the policy network."""
     lr: float = 3e-3
     """Adam learning rate."""
     num_envs: int = 32
     """Environment instances stepped in lockstep (one batched forward pass per round)."""
-    threads: int = 1
-    """torch CPU threads."""
     num_workers: int = 0
     """Ray actors that collect the rollouts, each driving num_envs envs (0: collect in this process; needs the ray extra)."""
     ray_address: str | None = None
     """With --num-workers: the Ray cluster to join (e.g. 10.0.0.1:6379 or auto; default: start a local Ray instance)."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files (when tensorboard is installed)."""
 
     def validate(self) -> None:
         """Raise ValueError on inconsistent settings."""
-        from baselines.meta.rollout import CREDITS
-
-        if self.credit not in CREDITS:
-            raise ValueError(f"credit must be one of {CREDITS}, got {self.credit!r}")
+        super().validate()
+        if self.credit_span not in CREDIT_SPANS:
+            raise ValueError(f"credit_span must be one of {CREDIT_SPANS}, got {self.credit_span!r}")
         if self.episodes < 0:
             raise ValueError(f"episodes must be >= 0, got {self.episodes}")
-        if self.reward_scale <= 0:
-            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        for name in ("num_agents", "max_rounds", "num_envs", "hidden", "threads"):
+        for name in ("num_envs", "hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.ray_address and not self.num_workers:
@@ -105,12 +77,6 @@ def build_backend(cfg: BaseConfig) -> Any:
 
         return ReplayBackend(cfg.replay)
     return backend_settings(cfg).build()
-
-
-def backend_settings(cfg: BaseConfig) -> BackendSettings:
-    """The backend a config describes (``build()`` makes it)."""
-    return BackendSettings(backend=cfg.backend, model=cfg.model, base_url=tuple(cfg.base_url), cache=cfg.cache,
-                           dtype=cfg.dtype, batch_size=cfg.batch_size, options=dict(cfg.backend_options))
 
 
 def env_kwargs(cfg: BaseConfig, split: str, backend: Any = None) -> dict[str, Any]:
@@ -130,9 +96,7 @@ def env_kwargs(cfg: BaseConfig, split: str, backend: Any = None) -> dict[str, An
               "split": split, "data_dir": cfg.data_dir}
     if cfg.token_cost:
         kwargs["reward_weights"] = {"tokens": cfg.token_cost}
-    kwargs.update(cfg.env_options)
-    kwargs.update({name: getattr(cfg, name) for name in ("max_tokens", "temperature") if getattr(cfg, name) is not None})
-    return kwargs
+    return {**kwargs, **env_options(cfg)}
 
 
 class EnvFactory:

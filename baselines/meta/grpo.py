@@ -1,7 +1,7 @@
 """GRPO: group-relative advantages ``(r - mean) / std`` within each group of K rollouts.
 
 For a comparison group of K returns (K rollouts of one problem, same reset seed; with
-``--credit round`` one group per agent and round) the advantage of return r is
+``--credit-span round`` one group per agent and round) the advantage of return r is
 ``(r - mean) / (std + eps)`` when ``std_normalize`` is on, else ``r - mean``
 (``baselines.advantages.group_normalized``). The update is the clipped policy gradient with a
 KL term of ``baselines.meta.group_trainer``. Without the std division, advantages scale with
@@ -37,7 +37,7 @@ class GRPOConfig(GroupConfig):
 
 
 def advantages(ro: Rollouts, cfg: GRPOConfig) -> np.ndarray:
-    returns, keys = agent_returns(ro, cfg.credit, cfg.gamma)
+    returns, keys = agent_returns(ro, cfg.credit_span, cfg.gamma)
     return grouped_apply(returns, keys, ro.episode, lambda r: group_normalized(r, cfg.std_normalize, cfg.eps))
 
 

@@ -1,7 +1,7 @@
 """MAGRPO (Liu, Liang, Lyu, Amato, arXiv 2508.04652): group-relative credit on a shared team return.
 
 For each problem, G joint rollouts are sampled (``group_size``); the shared team return R^(g)
-of rollout g is the sum of every agent's rewards over the episode (``--credit round``: the
+of rollout g is the sum of every agent's rewards over the episode (``--credit-span round``: the
 team's reward-to-go from each round, compared across the G siblings at the same round). Each
 agent's advantage for its actions in rollout g is
 
@@ -49,7 +49,7 @@ class MAGRPOConfig(GroupConfig):
 
 
 def advantages(ro: Rollouts, cfg: MAGRPOConfig) -> np.ndarray:
-    if cfg.credit == "episode":
+    if cfg.credit_span == "episode":
         returns, keys = team_returns(ro)
     else:
         returns, keys = team_reward_to_go(ro, cfg.gamma)

@@ -5,8 +5,8 @@ Every agent is an independent learner using one shared actor. The critic is eith
 ``--centralized-critic``, an MLP over the global state: ``env.state()`` when the environment
 implements it, else the concatenation of all agents' observations, followed by a one-hot of
 the agent's index (MAPPO: one critic, one value per agent, for per-agent returns). Advantages are
-GAE(gamma, lambda) over each agent's trajectory of its own rewards (``--credit round``), or,
-with ``--credit episode``, the agent's episode return minus the value, for every round.
+GAE(gamma, lambda) over each agent's trajectory of its own rewards (``--credit-span round``), or,
+with ``--credit-span episode``, the agent's episode return minus the value, for every round.
 Episode ends (terminations or truncations) are treated as terminal. The actor loss is the
 clipped surrogate of ``baselines.meta.group_trainer.actor_loss`` (no KL by default).
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from baselines.logger import MetricsLogger, progress_bar
-from baselines.meta.config import BaseConfig, make_env_fn
+from baselines.meta.config import CREDIT_SPANS, BaseConfig, make_env_fn
 from baselines.meta.distributed import open_collector
 from baselines.meta.group_trainer import actor_loss
 from baselines.meta.policy import Policy, agent_layout, build_network, mlp, save_checkpoint
@@ -38,7 +38,7 @@ class PPOConfig(BaseConfig):
 
     episodes: int = 8000
     """Training budget in episodes."""
-    credit: str = "round"
+    credit_span: str = field(default="round", metadata={"argparse": {"choices": CREDIT_SPANS}})
     """'round': GAE over per-round rewards; 'episode': episode return minus value."""
     episodes_per_batch: int = 64
     """Episodes (different problems) per batch."""
@@ -72,7 +72,7 @@ def gae(ro: Rollouts, values: np.ndarray, cfg: PPOConfig) -> tuple[np.ndarray, n
     advantages = np.zeros(len(ro))
     for rows in trajectories(ro):
         rewards, v = ro.rewards[rows], values[rows]
-        if cfg.credit == "episode":
+        if cfg.credit_span == "episode":
             advantages[rows] = rewards.sum() - v
             continue
         running = 0.0

@@ -23,10 +23,9 @@ import numpy as np
 import torch
 from pettingzoo import ParallelEnv
 
+from baselines.meta.config import CREDIT_SPANS
 from baselines.meta.policy import ObsLayout, Policy, encode, encode_many
 from deliberation_env.vector import Start, Step, run_episodes
-
-CREDITS = ("episode", "round")
 
 
 @dataclass
@@ -189,26 +188,26 @@ def _finish(infos: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- credit assignment
-def agent_returns(ro: Rollouts, credit: str, gamma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def agent_returns(ro: Rollouts, credit_span: str, gamma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Per-transition returns and comparison keys for one agent's own rewards.
 
     ``episode``: the agent's undiscounted episode return, compared within (group, agent).
     ``round``: the agent's discounted reward-to-go from this round (``gamma=0``: the round's
     reward alone), compared within (group, agent, round).
     """
-    if credit not in CREDITS:
-        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    if credit_span not in CREDIT_SPANS:
+        raise ValueError(f"credit_span must be one of {CREDIT_SPANS}, got {credit_span!r}")
     returns = np.zeros(len(ro))
     for rows in trajectories(ro):
         rewards = ro.rewards[rows]
-        if credit == "episode":
+        if credit_span == "episode":
             returns[rows] = rewards.sum()
         else:
             running = 0.0
             for i in range(len(rows) - 1, -1, -1):
                 running = rewards[i] + gamma * running
                 returns[rows[i]] = running
-    columns = [ro.group, ro.agent] if credit == "episode" else [ro.group, ro.agent, ro.step]
+    columns = [ro.group, ro.agent] if credit_span == "episode" else [ro.group, ro.agent, ro.step]
     return returns, _keys(np.stack(columns, 1))
 
 

@@ -71,7 +71,7 @@ class SoftRankPOConfig(GroupConfig):
 
 
 def advantages(ro: Rollouts, cfg: SoftRankPOConfig) -> np.ndarray:
-    returns, keys = agent_returns(ro, cfg.credit, cfg.gamma)
+    returns, keys = agent_returns(ro, cfg.credit_span, cfg.gamma)
     return grouped_apply(returns, keys, ro.episode, lambda r: softrank_advantages(r, cfg.tau))
 
 

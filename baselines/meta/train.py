@@ -26,14 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baselines.config import add_config_arguments, config_from_args
 from baselines.meta.config import build_backend, env_kwargs, make_env_fn
 from baselines.meta.policy import Policy, load_checkpoint
 from deliberation_env.cli import (
     BACKEND_FLAGS,
     ArgumentParser,
     add_backend_arguments,
+    add_config_arguments,
     cache_report,
+    config_from_args,
     report_user_errors,
     user_input,
 )

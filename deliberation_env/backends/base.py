@@ -1,10 +1,10 @@
 """The LLM backend protocol: ``generate(list[Request]) -> list[Completion]``.
 
-A backend answers a batch of chat requests, in order. Everything a real backend needs is
-in ``messages`` (``deliberation_env.chat.Message``) and the sampling fields; ``context``
-carries privileged facts (the problem, whether answers are correct; ``backends.sim_context``)
-that only the simulated backend reads. Real backends and caches must ignore ``context``: it
-is not part of a request's identity.
+A backend answers a batch of chat requests, in order. Everything a backend needs is in
+``messages`` (``deliberation_env.chat.Message``) and the sampling fields. A request carries no
+simulator state: the simulated backend asks the deliberation named by ``source`` for what it
+knows beyond the text (``backends.sim_context``). ``episode``, ``source`` and ``problem`` are
+labels, not part of a request's identity.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.chat import Message
 
 RequestKind = Literal["solve", "refine", "critic", "run"]
@@ -36,10 +35,15 @@ class Request:
     """Ask for the first token's top log-probabilities (critic calls)."""
     token_logprobs: bool = False
     """Ask for the log-probability of every generated token (``confidence="answer_logprobs"``)."""
-    context: SimContext | None = field(default=None, compare=False, repr=False)
     episode: int | None = field(default=None, compare=False, repr=False)
     """Which episode the request belongs to: a routing hint only (the OpenAI-compatible backend keeps an
     episode on one replica for its prefix cache). Not part of a request's identity, nor of cache keys."""
+    source: int | None = field(default=None, compare=False, repr=False)
+    """Which deliberation made the request (a process-unique number): only the simulated backend reads it, to ask
+    that deliberation for the request's context (``backends.sim_context``). Not part of a request's identity."""
+    problem: str | None = field(default=None, compare=False, repr=False)
+    """The id of the problem the request is about: a label for messages and replay records only. Not part of a
+    request's identity."""
 
     def sampling_params(self) -> dict[str, Any]:
         """The fields, besides messages and seed, that change what a model returns."""
@@ -145,5 +149,5 @@ def _token_count(value: object) -> int:
 _MAX_TOKENS = 10**9
 
 
-__all__ = ["Backend", "Completion", "Message", "Request", "RequestKind", "SimContext", "completed_before",
-           "estimate_tokens", "sanitize_completion"]
+__all__ = ["Backend", "Completion", "Message", "Request", "RequestKind", "completed_before", "estimate_tokens",
+           "sanitize_completion"]

@@ -2,7 +2,7 @@
 
 The key of a request is a SHA-256 of the inner backend's ``identity()``, the messages, the
 sampling parameters (``Request.sampling_params()``) and the request seed; never
-``Request.context`` nor the agent index (the seed already mixes the agent in). Misses go to
+the request's labels (``episode``, ``source``, ``problem``) nor the agent index (the seed already mixes the agent in). Misses go to
 the inner backend in one batch and are committed in one transaction, so a process killed
 mid-write loses only its uncommitted batch. Several processes may share one file
 (``busy_timeout`` plus retries on "database is locked").

@@ -1,7 +1,7 @@
 """A seeded simulated LLM: fast, no model, and realistic enough that meta-actions matter.
 
-It reads the privileged ``SimContext`` of each request (the problem, and whether the answers
-already held are correct), decides the outcome from the knobs of ``SimConfig``, and writes
+It asks the deliberation that made each request for its privileged ``SimContext`` (the problem,
+and whether the answers already held are correct; ``backends.sim_context``), decides the outcome from the knobs of ``SimConfig``, and writes
 text in the task's own format (``task.render_solution``), so the task's real answer
 extraction runs on it exactly as on an LLM's text. Each request is answered from
 ``random.Random(request.seed)`` alone, so a seeded episode replays exactly.
@@ -50,7 +50,7 @@ from statistics import NormalDist
 from typing import Any
 
 from deliberation_env.backends.base import Completion, Request, estimate_tokens
-from deliberation_env.backends.sim_context import SimContext
+from deliberation_env.backends.sim_context import SimContext, sim_context
 
 
 @dataclass(frozen=True)
@@ -249,16 +249,16 @@ class SimBackend:
 
     # ------------------------------------------------------------------
     def _answer(self, request: Request) -> Completion:
-        context = request.context
+        context = sim_context(request)
         if context is None:
             raise ValueError(
-                "SimBackend can only answer requests made by deliberation_env (they carry a SimContext); "
-                "use a real backend (transformers, openai) for free-form prompts"
+                "SimBackend can only answer the pending requests of a live deliberation (it reads their SimContext "
+                "there); use a real backend (transformers, openai) for free-form prompts"
             )
         rng = random.Random(request.seed)
         prompt_tokens = sum([estimate_tokens(m.content) for m in request.messages])
         if request.kind == "critic":
-            return self._critic(request, rng, prompt_tokens)
+            return self._critic(request, context, rng, prompt_tokens)
         cfg, problem = self.config, context.problem
         difficulty, p_solve = self._problem_odds(context, request.agent)
         if request.kind == "solve":
@@ -347,9 +347,8 @@ class SimBackend:
             return None
         return rng.choices(options, cum_weights=cum_weights)[0]
 
-    def _critic(self, request: Request, rng: random.Random, prompt_tokens: int) -> Completion:
-        cfg, context = self.config, request.context
-        assert context is not None
+    def _critic(self, request: Request, context: SimContext, rng: random.Random, prompt_tokens: int) -> Completion:
+        cfg = self.config
         confidence = self._confidence(request.agent, context.own_answer, context.own_correct, rng)
         verdict = "Yes" if confidence >= 0.5 else "No"
         text = f"{verdict}\nConfidence: {confidence:.2f}"

@@ -1,14 +1,18 @@
-"""The privileged facts that ride on every ``Request`` as ``context``, for the simulated backend only.
+"""What the simulated backend knows beyond a request's text, and where it gets it.
 
-The core (``deliberation_env.core.deliberation``) fills one in per request; ``SimBackend`` reads it to
-model "refining helps when a peer is right" and informative confidence. Real backends and caches
-ignore it: it is not part of a request's identity.
+Requests carry no simulator state. Each deliberation registers itself here under a process-unique number
+(``register_source``) and names it on its requests (``Request.source``); ``SimBackend`` asks the registered
+deliberation for a request's ``SimContext`` (``sim_context``) when it answers it, while the request is pending.
+Real, cached and replay backends never look here, so no context is built for their requests.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
+from deliberation_env.backends.base import Request
 from deliberation_env.tasks.base import Problem, Task
 
 
@@ -26,3 +30,24 @@ class SimContext:
     own_correct: bool = False
     peer_answers: tuple[str | None, ...] = ()
     peer_correct: tuple[bool, ...] = ()
+
+
+class SimContextSource(Protocol):
+    """What made a request and can tell the simulator about it (``core.deliberation.Deliberation``)."""
+
+    def sim_context(self, request: Request) -> SimContext: ...
+
+
+_SOURCES: weakref.WeakValueDictionary[int, SimContextSource] = weakref.WeakValueDictionary()
+"""``Request.source`` -> the live deliberation that made the request (dropped when it is garbage)."""
+
+
+def register_source(number: int, source: SimContextSource) -> None:
+    """Make ``source`` the one that answers ``sim_context`` for requests whose ``source`` is ``number``."""
+    _SOURCES[number] = source
+
+
+def sim_context(request: Request) -> SimContext | None:
+    """The context of a pending request, from the deliberation that made it; None for a request made elsewhere."""
+    source = _SOURCES.get(request.source) if request.source is not None else None
+    return None if source is None else source.sim_context(request)

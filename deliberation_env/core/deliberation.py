@@ -23,14 +23,14 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import cast
 
 import numpy as np
 
 from deliberation_env.backends.base import Completion, Request, RequestKind, sanitize_completion
-from deliberation_env.backends.sim_context import SimContext
+from deliberation_env.backends.sim_context import SimContext, register_source
 from deliberation_env.core import features
 from deliberation_env.core.actions import FIRST_PEER_ACTION, Action, decode, num_actions
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
@@ -47,6 +47,7 @@ __all__ = ["Action", "AgentState", "Deliberation", "DeliberationConfig", "Phase"
 
 
 _EPISODE_IDS = itertools.count(1)  # Request.episode: distinct per episode in this process
+_SOURCE_IDS = itertools.count(1)  # Request.source: distinct per deliberation (and fork) in this process
 _PARSED: dict[tuple[int, str], tuple[str | None, tuple[float, ...]]] = {}
 """(id(task), text) -> (extracted answer, text profile), shared by every deliberation in the process: texts repeat
 within and across episodes and envs (a sim renders a few texts per problem), and parsing them is the cost."""
@@ -118,6 +119,8 @@ class Deliberation:
         self.phase = Phase.IDLE
         self._seed = 0
         self._episode = 0
+        self._source = next(_SOURCE_IDS)
+        register_source(self._source, self)
         self._pending: list[Request] = []
         self._changed: list[int] = []
         self._correct_before: tuple[bool, ...] = ()
@@ -387,22 +390,32 @@ class Deliberation:
         return list(self._peers[agent])
 
     # ------------------------------------------------------------ internals
-    def _context(self, agent: int, peer_states: Sequence[AgentState] | None = None) -> SimContext:
-        """The sim's view of a request: the agent's state now, its peers as ``peer_states`` show them."""
+    def sim_context(self, request: Request) -> SimContext:
+        """The simulated backend's view of one of this deliberation's pending requests (``backends.sim_context``):
+        the agent's state now, its peers as the request's prompt shows them (a refine: at the start of the round)."""
+        if request.source != self._source or request.episode != self._episode:
+            raise RuntimeError("sim_context() of a request of another deliberation or episode")
         assert self.problem is not None
-        peer_states = self.agents if peer_states is None else peer_states
-        peers = [peer_states[j] for j in self._peers[agent]]
-        own = self.agents[agent]
+        peer_states = self._round_start if request.kind == "refine" else self.agents
+        peers = [peer_states[j] for j in self._peers[request.agent]]
+        own = self.agents[request.agent]
         return SimContext(self.task, self.problem, own.answer, own.correct, tuple([p.answer for p in peers]),
                           tuple([p.correct for p in peers]))
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A copy (``TextDeliberationEnv.fork``'s deep copy, or one unpickled) is a source of its own: the simulated
+        backend answers its pending requests from its state (``sim_context``)."""
+        self.__dict__.update(state)
+        self._source = next(_SOURCE_IDS)
+        self._pending = [replace(request, source=self._source) for request in self._pending]
+        register_source(self._source, self)
 
     @property
     def request_round(self) -> int:
         """The round the pending requests belong to: 0 while starting, else the round being played."""
         return self.round if self._starting else self.round + 1
 
-    def _request(self, agent: int, messages, kind: RequestKind,
-                 peer_states: Sequence[AgentState] | None = None) -> Request:
+    def _request(self, agent: int, messages, kind: RequestKind) -> Request:
         critic, run = kind == "critic", kind == "run"
         config = self.config
         return Request(
@@ -414,14 +427,13 @@ class Deliberation:
             temperature=config.critic_temperature if critic else 0.0 if run else self._temperatures[agent],
             logprobs=critic and config.confidence == "critic",
             token_logprobs=not critic and not run and (config.confidence == "answer_logprobs" or self._signals),
-            context=self._context(agent, peer_states),
             episode=self._episode,
+            source=self._source,
+            problem=self.problem.id if self.problem is not None else None,
         )
 
     def _request_generation(self, jobs) -> None:
-        # A refine sees its peers as they were at the start of the round, as its prompt shows them.
-        peers = None if self._starting else self._round_start
-        self._pending = [self._request(agent, messages, kind, peers) for agent, messages, kind in jobs]
+        self._pending = [self._request(agent, messages, kind) for agent, messages, kind in jobs]
         self._changed = sorted(set(self._changed) | {agent for agent, _, _ in jobs})
         self.phase = Phase.GENERATE
 

@@ -130,7 +130,7 @@ class ReplayBackend:
         """Where a request sits in the tree (split, problem, stream, round): the split of the problem in the bound
         tasks, the stream and round those whose seed (``core.seeds``) is the request's."""
         card = self.set.card
-        problem = request.context.problem.id if request.context is not None else "?"
+        problem = request.problem if request.problem is not None else "?"
         split = self._splits.get(problem, "?")
         for stream in range(card.streams):
             episode = stream_seed(stream, problem, card.request_format)

@@ -89,13 +89,13 @@ class TreeRecorder:
             stats.paths[depth] += len(paths)
             while True:
                 missing: dict[str, tuple[Request, dict[str, Any]]] = {}
-                ended = []
+                ended: list[tuple[Walk, Deliberation]] = []
+                waiting: list[tuple[Walk, Deliberation]] = []  # alive until answered: a sim asks them for context
                 for path in paths:
                     core, gaps = self._play(path)
                     for request, place in gaps:
                         missing.setdefault(request_key(request), (request, {**place, "split": split}))
-                    if not gaps:
-                        ended.append((path, core))
+                    (waiting if gaps else ended).append((path, core))
                 if not missing:
                     break
                 if on_wave is not None:
