@@ -32,7 +32,7 @@ from deliberation_env.analysis.sim_fit import (  # noqa: F401 - re-exported: the
     Events,
     extract_events,
     fit,
-    problem_key,
+    traced_problem,
     refine_probabilities,
     traced_problems,
     write_config,

@@ -76,7 +76,7 @@ def extract_events(episodes: Sequence[Episode], problems: dict[str, tuple[Any, A
     """(round-0 state, joint actions before the round, agent, its action) of every agent round read so far."""
     for episode in episodes:
         difficulty = problem_difficulty(episode.problem_id, episode.difficulty)
-        built = problems.get(problem_key(episode))
+        built = problems.get(traced_problem(episode))
         level = problem_level(built[1].metadata) if built is not None else None
         latent = problem_latent(episode.task, episode.problem_id)
         n = episode.num_agents
@@ -118,32 +118,32 @@ def _round0_events(events: Events, episode: Episode, difficulty: float, level: i
     first = episode.rounds[0].agents
     for i, agent in enumerate(first):
         events.solves.append(SolveEvent(i, difficulty, agent.correct, agent.answer is not None,
-                                        problem_key(episode), state, level))
+                                        traced_problem(episode), state, level))
     wrong = [a.answer for a in first if not a.correct and a.answer is not None]
     for x in range(len(wrong)):
         for y in range(x + 1, len(wrong)):
-            events.wrong_pairs.append((problem_key(episode), state, wrong[x] == wrong[y]))
+            events.wrong_pairs.append((traced_problem(episode), state, wrong[x] == wrong[y]))
 
 
-def problem_key(episode: Episode) -> str:
+def traced_problem(episode: Episode) -> str:
     """The traced problem: task, settings, split and id."""
     return json.dumps([episode.task, episode.task_settings, episode.split, episode.problem_id], sort_keys=True)
 
 
 def _state_key(episode: Episode) -> str:
     """An episode's round-0 state: its problem, seed, agents' backends and env options."""
-    return json.dumps([problem_key(episode), episode.seed, episode.num_agents, episode.backends, episode.options],
+    return json.dumps([traced_problem(episode), episode.seed, episode.num_agents, episode.backends, episode.options],
                       sort_keys=True)
 
 
 def traced_problems(episodes: Sequence[Episode]) -> dict[str, tuple[Any, Any] | None]:
-    """(task, ``Problem``) of each traced problem (``problem_key``), or None where the task cannot be built here."""
+    """(task, ``Problem``) of each traced problem (``traced_problem``), or None where the task cannot be built here."""
     from deliberation_env.registry import TASKS
 
     problems: dict[str, tuple[Any, Any] | None] = {}
     tasks: dict[str, dict[str, Any] | None] = {}
     for episode in episodes:
-        key = problem_key(episode)
+        key = traced_problem(episode)
         if key in problems:
             continue
         task_key = json.dumps([episode.task, episode.task_settings, episode.split], sort_keys=True)
