@@ -32,8 +32,8 @@ from deliberation_env.analysis.sim_fit import (  # noqa: F401 - re-exported: the
     Events,
     extract_events,
     fit,
-    traced_problem,
     refine_probabilities,
+    traced_problem,
     traced_problems,
     write_config,
 )
