@@ -132,5 +132,5 @@ def test_levels_accept_any_integer_sequence_with_the_same_problems():
 
 
 def test_bad_prompt_is_named():
-    with pytest.raises(ValueError, match=r"prompt must be one of \['default', 'no_code'\], got 'nocode'"):
+    with pytest.raises(ValueError, match=r"prompt must be one of \['default', 'no_code', 'program'\], got 'nocode'"):
         ArithmeticTask(prompt="nocode")
