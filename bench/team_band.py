@@ -7,8 +7,9 @@ homogeneous team's errors go together. Reports, over the problems:
 
 - each agent's accuracy (Wilson 95%), by level, and its completion tokens;
 - the correlation of every pair of agents' errors (phi of the wrong/right indicators, bootstrap 95% over problems);
-- every 3-agent team among them: its plurality vote (the env's consensus rule), any member right, and the spread of
-  its members' accuracies.
+- every 3-agent team among them: its plurality vote (the env's consensus rule), a rule on observable signals where
+  it holds a tool agent (the tool's answer where its program printed one, else the vote), any member right, and
+  the spread of its members' accuracies.
 
     python bench/team_band.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \\
         --roles '["default", "default", {"name": "no_code", "prompt": "no_code"},
@@ -40,7 +41,7 @@ from deliberation_env.vector import BatchedEnvs
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="a model folder or .gguf file (transformers backend)")
+    parser.add_argument("--model", help="a model folder or .gguf file (transformers backend)")
     parser.add_argument("--roles", required=True, help="a JSON (or Python) list of roles, one per agent")
     parser.add_argument("--split", default="train")
     parser.add_argument("--start", type=int, default=1900, help="the first problem's position in the split")
@@ -52,7 +53,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="team_band", help="results file stem under bench/results/")
+    parser.add_argument("--report-only", action="store_true", help="print the report of <out>.jsonl (no model run)")
     args = parser.parse_args(argv)
+    if not args.model and not args.report_only:
+        parser.error("--model is required (a model folder or .gguf file), unless --report-only")
     try:
         args.roles = ast.literal_eval(args.roles)
     except (ValueError, SyntaxError) as error:
@@ -122,16 +126,23 @@ def report(rows: list[dict], args: argparse.Namespace, seconds: float) -> str:
         low, high = phi_interval(wrong[:, i], wrong[:, j])
         lines.append(f"| {labels[i]} x {labels[j]} | {phi(wrong[:, i], wrong[:, j]):.2f} | [{low:.2f}, {high:.2f}] | "
                      f"{np.mean(wrong[:, i] * wrong[:, j]):.2f} | {np.mean(np.abs(wrong[:, i] - wrong[:, j])):.2f} |")
-    lines += ["", "Every 3-agent team (its vote: the env's plurality rule over the three answers):", "",
-              "| team | vote | 95% CI | any right | best member | accuracy spread |", "|---|---|---|---|---|---|"]
+    lines += ["", "Every 3-agent team: its vote (the env's plurality rule over the three answers); with a tool agent, "
+              "a rule on observable signals (the tool's answer where its program printed one, else the vote); any "
+              "member right (the round-0 oracle):", "",
+              "| team | vote | 95% CI | tool rule | any right | best member | accuracy spread |",
+              "|---|---|---|---|---|---|---|"]
+    tools = [k for k, role in enumerate(args.roles) if isinstance(role, dict) and role.get("tool")]
     for team in itertools.combinations(range(len(labels)), 3):
         vote = np.array([_vote_correct(row, team) for row in rows], dtype=float)
         low, high = bootstrap_interval(vote)
         accuracies = correct[:, list(team)].mean(0)
+        tool = next((k for k in team if k in tools), None)
+        rule = "" if tool is None else f"{np.mean([r['correct'][tool] if r['tool_ran'][tool] else v for r, v in zip(rows, vote)]):.3f}"
         lines.append(f"| {' + '.join(labels[k] for k in team)} | {vote.mean():.3f} | [{low:.3f}, {high:.3f}] | "
-                     f"{correct[:, list(team)].max(1).mean():.3f} | {accuracies.max():.3f} | "
+                     f"{rule} | {correct[:, list(team)].max(1).mean():.3f} | {accuracies.max():.3f} | "
                      f"{accuracies.max() - accuracies.min():.3f} |")
-    return "\n".join(lines) + f"\n\n{n} problems, {seconds / 60:.1f} minutes of generation."
+    took = "" if np.isnan(seconds) else f", {seconds / 60:.1f} minutes of generation"
+    return "\n".join(lines) + f"\n\n{n} problems{took}."
 
 
 def _vote_correct(row: dict, team: tuple[int, ...]) -> bool:
@@ -142,12 +153,17 @@ def _vote_correct(row: dict, team: tuple[int, ...]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    rows, seconds = play_round_zero(args)
-    with open(os.path.join(RESULTS, f"{args.out}.jsonl"), "w", encoding="utf-8") as stream:
-        stream.writelines(json.dumps(row) + "\n" for row in rows)
     header = (f"Round-0 accuracy of candidate roles on arithmetic levels {args.levels}, {args.split} problems "
               f"{args.start}-{args.start + args.problems - 1}, temperature {args.temperature}, max_tokens "
               f"{args.max_tokens}, {args.dtype}; per-problem rows in {args.out}.jsonl")
+    if args.report_only:
+        with open(os.path.join(RESULTS, f"{args.out}.jsonl"), encoding="utf-8") as stream:
+            rows = [json.loads(line) for line in stream]
+        save_markdown(args.out, header + " (reported again from those rows)", report(rows, args, float("nan")))
+        return
+    rows, seconds = play_round_zero(args)
+    with open(os.path.join(RESULTS, f"{args.out}.jsonl"), "w", encoding="utf-8") as stream:
+        stream.writelines(json.dumps(row) + "\n" for row in rows)
     save_markdown(args.out, header, report(rows, args, seconds))
 
 
