@@ -136,12 +136,12 @@ class Deliberation:
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
         self._signals = config.features != "v1"
         self._roles = role_indices(config.roles, count) if config.features == "v3" else None
-        self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt)
-                       for role in (config.roles or [None] * count)]
+        roles = config.roles or [None] * count
+        self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt) for role in roles]
         """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
-        self._tools = [None if role is None else role.tool for role in (config.roles or [None] * count)]
+        self._tools = [None if role is None else role.tool for role in roles]
         self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
-                              for role in (config.roles or [None] * count)]
+                              for role in roles]
         self.num_actions = num_actions(count, config.concede_to_peer)
         """The width of an action mask: 3, plus one CONCEDE per peer with ``config.concede_to_peer``."""
         self._width = features.num_features(config.features)
@@ -356,8 +356,9 @@ class Deliberation:
         if target is not None and self.agents[target].correct:
             return Action.CONCEDE
         if self.config.concede_to_peer:
+            options = self.concede_options(agent)
             for slot, peer in enumerate(self._peers[agent]):
-                if peer in self.concede_options(agent) and self.agents[peer].correct:
+                if peer in options and self.agents[peer].correct:
                     return FIRST_PEER_ACTION + slot
         return Action.REFINE
 
