@@ -60,6 +60,11 @@ def test_masks_follow_the_peers_holding_another_answer_and_a_named_concede_adopt
     assert adopted >= 10
 
 
+def test_a_flag_that_is_not_a_bool_is_a_clear_error():
+    with pytest.raises(ValueError, match="concede_to_peer must be True or False, got 'maybe'"):
+        sim_env(concede_to_peer="maybe")
+
+
 def test_a_masked_named_concede_raises_or_persists():
     for seed in range(40):
         env = sim_env(concede_to_peer=True)
@@ -167,7 +172,7 @@ def test_meta_trainers_take_the_wider_action_space(tmp_path, algo):
 
     extra = ["--group-size", "4", "--groups-per-batch", "4", "--sft-episodes", "0"] if algo == "softrankpo" else []
     policy = train(["--algo", algo, "--episodes", "32", "--num-envs", "8", "--out", str(tmp_path), "--env-option",
-                    "concede_to_peer=true", "--env-option", "max_rounds=1", "--no-progress", "--no-tensorboard",
+                    "concede_to_peer=True", "--env-option", "max_rounds=1", "--no-progress", "--no-tensorboard",
                     "--no-evaluate", *extra])
     assert policy.layout.num_actions == 5
     env = sim_env(concede_to_peer=True)

@@ -74,6 +74,9 @@ class DeliberationConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 5.0:
                 raise ValueError(f"{name} must be a number in [0, 5], got {value!r}")
+        for name in ("concede_to_peer", "early_stop", "reintrospect_concede"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         object.__setattr__(self, "reward_weights", check_weights(self.reward_weights))
         object.__setattr__(self, "roles", make_roles(self.roles, self.num_agents))
 
