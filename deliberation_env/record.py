@@ -69,6 +69,11 @@ def parse_args(argv: list[str] | None) -> Any:
     parser.add_argument("--weights-source", default=None, metavar="URL",
                         help="where the model file comes from, for the card (its sha256 is computed)")
     parser.add_argument("--weights-license", default=None, help="the model's license, for the card")
+    parser.add_argument("--weights-file", default=None, metavar="PATH",
+                        help="openai backend: the file the server loaded, hashed for the card")
+    parser.add_argument("--server-info", default=None, metavar="TEXT",
+                        help="openai backend: the server's software and sampler settings, for the card's sampling "
+                             "(e.g. 'llama.cpp llama-server 0c1e570, --top-k 0 --min-p 0')")
     add_backend_arguments(parser, backend_default="transformers")
     return parser.parse_args(argv)
 
@@ -141,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from deliberation_env.registry import TASKS
 
+    if (args.weights_file or args.server_info) and args.backend != "openai":
+        raise UserError("--weights-file and --server-info describe a served model (--backend openai); with "
+                        f"--backend {args.backend} the card reads the model itself")
+    if args.weights_file and not Path(args.weights_file).expanduser().is_file():
+        raise UserError(f"--weights-file {args.weights_file}: no such file (name the model file the server loaded)")
+
     with user_input("--task"):
         task = TASKS.make(args.task, data_dir=args.data_dir, **args.task_options)
         problems = list(task.problems(args.split))
@@ -168,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = backend_settings(args)
     backend = settings.build()
     fresh.model, fresh.backend = backend.identity(), f"{type(backend).__name__} ({settings.backend})"
-    fresh.weights = weights_of(settings.backend, settings.model, args.weights_source, args.weights_license)
+    fresh.weights = weights_of(settings.backend, settings.model, args.weights_source, args.weights_license,
+                               file=args.weights_file)
+    if args.server_info:
+        fresh.sampling["server"] = args.server_info
     card = fresh
     if recorded is not None:
         card = recorded

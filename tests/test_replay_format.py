@@ -23,6 +23,7 @@ from deliberation_env.replay.dataset import HUB_PREFIX, OLD_FORMATS
 from deliberation_env.replay.format import read_chunk, write_chunk
 from deliberation_env.replay.migrate import main as migrate
 from deliberation_env.replay.provenance import weights_of
+from deliberation_env.testing.servers import LoopbackServer, send_json
 from tests.test_replay import SIM_FLAGS
 
 SHIPPED = Path(__file__).resolve().parents[1] / "deliberation_env" / "replay" / "sets" / "qwen05-arith"
@@ -138,6 +139,42 @@ def test_weights_files_are_hashed(tmp_path):
         "file": "m.gguf", "sha256": hashlib.sha256(b"weights").hexdigest(), "bytes": 7,
         "source": "https://example.org/m", "license": "MIT"}
     assert weights_of("openai", "Qwen/Qwen2.5-7B")["sha256"] is None
+
+
+def _answer_four(handler, server):
+    tokens = [{"token": t, "logprob": -0.1, "top_logprobs": [{"token": t, "logprob": -0.1}]}
+              for t in ("Yes", ". The answer is 4")]
+    send_json(handler, 200, {"choices": [{"message": {"role": "assistant", "content": "Yes. The answer is 4"},
+                                          "finish_reason": "stop", "logprobs": {"content": tokens}}],
+                             "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+
+
+def test_a_set_recorded_from_a_server_names_the_file_it_served_and_the_server(tmp_path, capsys):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights")
+    server = LoopbackServer(_answer_four)
+    try:
+        out = tmp_path / "served"
+        flags = ["--out", str(out), "--split", "test", "--problems", "0:2", "--agents", "2", "--backend", "openai",
+                 "--model", "m@llama.cpp-0c1e570", "--base-url", server.url, "--max-tokens", "16"]
+        assert record([*flags, "--weights-file", str(model), "--server-info", "llama-server, --top-k 0"]) == 0
+    finally:
+        server.close()
+    card = json.loads((out / "card.json").read_text())
+    assert card["weights"]["sha256"] == hashlib.sha256(b"weights").hexdigest()
+    assert card["weights"]["served_as"] == "m@llama.cpp-0c1e570" and card["weights"]["file"] == "m.gguf"
+    assert card["sampling"]["server"] == "llama-server, --top-k 0"
+    assert card["model"].startswith("openai-compatible:model=m@llama.cpp-0c1e570")
+    # the solutions' token log-probabilities came back (llama.cpp's server sends none when top_logprobs is 0)
+    solves = [r for r in ReplaySet(out).records.values() if r["kind"] == "solve"]
+    assert solves and all(r["token_logprobs"] for r in solves)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        record(["--out", str(tmp_path / "x"), "--weights-file", str(model), *SIM_FLAGS])
+    assert "--weights-file and --server-info describe a served model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        record([*flags[:-2], "--weights-file", str(tmp_path / "none.gguf")])
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_lone_surrogates_round_trip_json_quoted_and_only_where_needed(tmp_path):

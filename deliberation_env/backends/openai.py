@@ -244,8 +244,9 @@ class OpenAICompatibleBackend:
         }
         if self.logprobs and (request.logprobs or request.token_logprobs):
             body["logprobs"] = True
-            # always name top_logprobs: llama-cpp-python returns no log-probabilities at all without it
-            body["top_logprobs"] = self.top_logprobs if request.logprobs else 0
+            # always name top_logprobs, and at least 1: llama-cpp-python returns no log-probabilities at all
+            # without it, and llama.cpp's server none with 0
+            body["top_logprobs"] = self.top_logprobs if request.logprobs else 1
             if self.token_ids and request.token_logprobs:
                 body["return_tokens_as_token_ids"] = True  # vLLM: tokens come back as "token_id:<id>"
         text = json.dumps(body, ensure_ascii=False)

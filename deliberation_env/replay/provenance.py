@@ -39,10 +39,18 @@ def sampling_of(task: Task, config: DeliberationConfig, problem: Problem) -> dic
                         "log-probabilities for critic calls (how many: the model identity's top_logprobs)"}
 
 
-def weights_of(backend: str, model: str | None, source: str | None = None, license: str | None = None) -> dict[str, Any]:
-    """The model file's sha256, size and origin when the recorder can see it; else ``sha256`` None and why."""
+def weights_of(backend: str, model: str | None, source: str | None = None, license: str | None = None, *,
+               file: str | None = None) -> dict[str, Any]:
+    """The model file's sha256, size and origin when the recorder can see it; else ``sha256`` None and why.
+    ``file``: for a served model, the file the server loaded (the recorder cannot see which one it did)."""
     if backend == "sim":
         return {"sha256": None, "reason": "the sim backend has no weights"}
+    if file is not None:
+        path = Path(file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--weights-file {file}: no such file (name the model file the server loaded)")
+        return {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size, "source": source,
+                "license": license, "served_as": model}
     if backend == "openai":
         return {"sha256": None, "source": source, "license": license,
                 "reason": f"served by an OpenAI-compatible server as {model!r}: its weights are not visible here"}
