@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by a set's script: `serve_gguf FILE` serves a GGUF file with llama.cpp's llama-server on 127.0.0.1 for the
 # recorder (--backend openai), and stops it when the script exits. It batches every pending request on the GGUF's
-# own kernels: on 2 CPU cores it recorded Qwen2.5-Coder-0.5B's trees at about 48 s per problem.
+# own kernels: on 2 CPU cores it recorded Qwen2.5-Coder-0.5B's trees at about 48 s per problem (docs/replay.md).
 #   LLAMA_SERVER: the llama-server binary (default: llama-server on PATH; how to build it: docs/replay.md,
 #   "Recording"). LLAMA_PORT (8089), SLOTS (16: requests decoded together), THREADS (all cores), LLAMA_LOG.
 # Sets RECORD_FLAGS: the recorder's backend flags, naming the served model "<file stem>@llama.cpp-<commit>" (so a
