@@ -29,12 +29,12 @@ Writes <out>/table.md, table.csv, accuracy_vs_tokens.png and report.md.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections import Counter
 
 import numpy as np
+from _trees import feature_columns, headroom, pool_trees, tree_of
 
 from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_seed, headless_pyplot, play_episodes
 from baselines.meta.evaluate import PolicyActor
@@ -45,12 +45,9 @@ from deliberation_env.core import features
 from deliberation_env.core.consensus import support
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplaySet, replay_env
-from deliberation_env.vector import Start, Step, run_episodes
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
 PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")
-POLICIES = np.array(list(itertools.product(range(3), repeat=6)))
-"""Every shared decentralised policy over 6 states (3 agreement levels x 2 signal levels): a meta-action each."""
 
 
 def play_rows(dataset: ReplaySet, actor_for, seeds, features: str = "v1", split: str = "test") -> dict[str, np.ndarray]:
@@ -78,122 +75,18 @@ def protocol_rows(dataset: ReplaySet, seeds, split: str) -> dict[str, dict]:
             for name in PROTOCOL_ROWS + ("oracle",) if name != "single"}
 
 
-def tree_of(dataset: ReplaySet, split: str = "test") -> dict[str, np.ndarray]:
-    """All 27 joint actions of every problem (stream 0): outcomes, tokens and each agent's round-0 view
-    (its ``features="v2"`` row, whose first 16 columns are the v1 row)."""
-    env = replay_env(dataset, split=split, invalid_action="persist", features="v2", max_rounds=1)
-    joints = list(itertools.product(range(3), repeat=3))
-    n = len(env.problems)
-    outcome, tokens = np.zeros((n, len(joints)), bool), np.zeros((n, len(joints)))
-    agree, confidence, correct0 = np.zeros((n, 3), int), np.zeros((n, 3)), np.zeros((n, 3), bool)
-    rows = np.zeros((n, 3, features.num_features("v2")), np.float32)
-    flips, concede = Counter(), Counter()
-    spent = 0.0
-
-    def on_step(step: Step) -> None:
-        nonlocal spent
-        p, j = divmod(step.episode, len(joints))
-        obs, infos = step.observations, step.infos
-        if step.actions is not None:  # the one round: its outcome
-            outcome[p, j] = next(iter(infos.values()))["consensus_correct"]
-            tokens[p, j] = spent + sum(info["tokens"] for info in infos.values())
-            if joints[j] == (1, 1, 1):
-                for a, info in enumerate(infos.values()):
-                    flips[bool(correct0[p, a]), bool(info["correct"])] += 1
-            return
-        spent = sum(info["tokens"] for info in infos.values())
-        if j == 0:  # round 0 is the same for every joint action
-            for a, agent in enumerate(env.agents):
-                agree[p, a] = int(obs[agent]["agreement"].sum())
-                rows[p, a] = obs[agent]["self"]
-                confidence[p, a] = infos[agent]["confidence"]
-                correct0[p, a] = infos[agent]["correct"]
-                target = infos[agent]["concede_target"]
-                if target is not None:
-                    concede["offered"] += 1
-                    concede["target_right"] += infos[agent]["concede_target_correct"]
-                    if not infos[agent]["correct"]:
-                        concede["wrong_offered"] += 1
-                        concede["wrong_target_right"] += infos[agent]["concede_target_correct"]
-
-    starts = [Start(0, {"problem_index": p}) for p in range(n) for _ in joints]
-    run_episodes([env], starts, lambda steps: [{f"agent_{a}": action for a, action in
-                                                enumerate(joints[steps[0].episode % len(joints)])}], on_step)
-    return {"outcome": outcome, "tokens": tokens, "agree": agree, "confidence": confidence, "correct0": correct0,
-            "rows": rows, "joints": np.array(joints), "flips": flips, "concede": concede}
-
-
-def pool_trees(trees: list[dict]) -> dict:
-    """The trees of several splits as one (problems stacked)."""
-    pooled = {key: np.concatenate([tree[key] for tree in trees]) for key in trees[0] if key not in ("joints", "flips", "concede")}
-    pooled["joints"] = trees[0]["joints"]
-    for key in ("flips", "concede"):
-        pooled[key] = sum((tree[key] for tree in trees), Counter())
-    return pooled
-
-
-def _bit(values: np.ndarray, threshold: float) -> np.ndarray:
-    """values >= threshold, or > threshold where that split would put everything on one side."""
-    bit = values >= threshold
-    return values > threshold if bit.all() else bit
-
-
-def policy_table(tree: dict, bits: np.ndarray) -> np.ndarray:
-    """(policies, problems): whether the consensus is right when every agent plays policy[state], for all 3^6
-    shared policies over the state (peers agreeing 0/1/2) x ``bits`` (problems, agents)."""
-    state = tree["agree"] * 2 + bits.astype(int)
-    actions = POLICIES[:, state]  # (policies, problems, agents)
-    joint = actions[..., 0] * 9 + actions[..., 1] * 3 + actions[..., 2]  # itertools.product order
-    return tree["outcome"][np.arange(len(state)), joint]
-
-
-def headroom(tree: dict, columns: dict[str, np.ndarray], folds: int = 5, repeats: int = 20,
-             seed: int = 0) -> dict[str, float]:
-    """The best shared decentralised policy over (peers agreeing x one signal split at its median), where the
-    signal (one of ``columns``: name -> (problems, agents) values) and the policy are chosen on the training
-    folds (threshold too) and scored on the held-out fold; averaged over ``repeats`` fold splits."""
-    outcome = tree["outcome"]
-    n = len(outcome)
-    tables = {name: policy_table(tree, _bit(v, np.median(v))) for name, v in columns.items()}
-    in_sample = max(float(table.mean(1).max()) for table in tables.values())
-    rng = np.random.default_rng(seed)
-    scores, chosen = [], Counter()
-    for _ in range(repeats):
-        held_out = np.zeros(n)
-        order = rng.permutation(n)
-        for fold in np.array_split(order, folds):
-            train = np.setdiff1d(order, fold)
-            best = (-1.0, "", None)
-            for name, values in columns.items():
-                table = policy_table(tree, _bit(values, np.median(values[train])))
-                means = table[:, train].mean(1)
-                k = int(np.argmax(means))
-                if means[k] > best[0]:
-                    best = (float(means[k]), name, table[k])
-            held_out[fold] = best[2][fold]
-            chosen[best[1]] += 1
-        scores.append(held_out.mean())
-    return {"joint_oracle": float(outcome.any(1).mean()), "in_sample": in_sample,
-            "cross_validated": float(np.mean(scores)), "cv_std": float(np.std(scores)),
-            "chosen": chosen.most_common(3)}
-
-
-def feature_columns(tree: dict, feature_set: str) -> dict[str, np.ndarray]:
-    """Each non-constant feature of a feature set, as (problems, agents) values of the round-0 rows."""
-    names = features.feature_names(feature_set)
-    return {name: tree["rows"][:, :, i] for i, name in enumerate(names) if np.ptp(tree["rows"][:, :, i]) > 0}
-
-
 def headrooms(tree: dict) -> dict[str, dict]:
     """The learnable headroom with agreement alone, with v1's critic confidence (the original measure), v1's and
     v2's features, the agent's own correctness (privileged: the ceiling of any per-agent signal), and each feature."""
     v1, v2 = feature_columns(tree, "v1"), feature_columns(tree, "v2")
-    rooms = {"agreement alone (no signal)": headroom(tree, {"none": np.zeros(tree["agree"].shape)}),
-             "agreement x confidence": headroom(tree, {"confidence": tree["confidence"]}),
-             "agreement x any v1 feature": headroom(tree, v1), "agreement x any v2 feature": headroom(tree, v2),
-             "agreement x own correctness (privileged ceiling)": headroom(tree, {"correct": tree["correct0"] * 1.0})}
-    for name, values in v2.items():
-        rooms[f"agreement x {name}"] = headroom(tree, {name: values})
+    rooms = {"agreement alone (no signal)": headroom(tree, {"none": None}, repeats=20),
+             "agreement x confidence": headroom(tree, {"confidence": tree["confidence"]}, repeats=20),
+             "agreement x any v1 feature": headroom(tree, v1, repeats=20),
+             "agreement x any v2 feature": headroom(tree, v2, repeats=20),
+             "agreement x own correctness (privileged ceiling)": headroom(tree, {"correct": tree["correct0"] * 1.0},
+                                                                          repeats=20)}
+    for name, column in v2.items():
+        rooms[f"agreement x {name}"] = headroom(tree, {name: column}, repeats=20)
     return rooms
 
 

@@ -1,0 +1,162 @@
+"""What each lever makes learnable: the headroom table across replay sets, concede-target rules and feature sets.
+
+    python bench/headroom.py                                   # every shipped set, train and test trees pooled
+    python bench/headroom.py --sets qwen05-arith-v2 runs/my-set --splits train --repeats 20
+
+For each set x concede rule x feature set, on the recorded 1-round trees of ``--splits`` (pooled):
+
+| column | what |
+|---|---|
+| vote / debate | every agent PERSISTs / REFINEs |
+| best protocol | the best fixed joint action, chosen on the training folds (cross-validated) |
+| policy | the best shared decentralised policy over each agent's round-0 view (peers agreeing x one signal of the feature set split at its median; under ``chosen``, also which of its two peers has the higher value), signal, threshold and policy chosen on the training folds (cross-validated; sd over fold splits) |
+| ceiling | the same with correctness as the signal (privileged: its own; under ``chosen``, also which peer is right) |
+| oracle | the best joint action per problem |
+
+Rules: ``most_confident`` and ``plurality`` (the peer CONCEDE adopts), ``chosen`` (``concede_to_peer=True``:
+CONCEDE names its peer). A rule a set was not recorded for is listed as such. Under ``chosen`` the policy space
+(5 actions, 12 states) is searched by coordinate ascent, a lower bound of its best. Then, per set, how well each
+verifier signal separates right round-0 answers from wrong ones (AUROC, bootstrap 95% interval over problems).
+Writes bench/results/headroom.md and headroom.csv.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from _results import RESULTS
+from _trees import best_constant, feature_columns, headroom, pool_trees, tree_of
+
+from deliberation_env.analysis.metrics import auroc
+from deliberation_env.cli import ArgumentParser
+from deliberation_env.core import features
+from deliberation_env.replay import ReplayError, ReplaySet
+
+RULES = {"most_confident": {"concede_target": "most_confident"}, "plurality": {"concede_target": "plurality"},
+         "chosen": {"concede_to_peer": True}}
+FEATURE_SETS = ("agreement alone", "v1", "v2", "v3")
+VERIFIERS = ("confidence", "answer_prob", "code", "equations_valid", "tool_ran", "tool_agrees")
+"""Signals of a right answer whose AUROC the report gives (v3 row columns; ``confidence`` is the set's source)."""
+
+
+def signals_of(tree: dict, feature_set: str) -> dict:
+    """The signals a policy may split on under a feature set: none (agreement alone is always observed) and the
+    set's columns that vary in the tree."""
+    return {"none": None, **({} if feature_set == "agreement alone" else feature_columns(tree, feature_set))}
+
+
+def rows_of(name: str, splits: list[str], repeats: int) -> tuple[list[dict], dict | None, list[str]]:
+    """The table rows of one set, its tree under the default rule (for the signal table), and notes."""
+    dataset = ReplaySet(name)
+    rows, notes, default_tree = [], [], None
+    for rule, options in RULES.items():
+        try:
+            tree = pool_trees([tree_of(dataset, split, **options) for split in splits])
+        except ReplayError as error:
+            notes.append(f"`{name}`, {rule}: not recorded ({str(error).split(':')[0]})")
+            continue
+        default_tree = default_tree if default_tree is not None else tree
+        joints = [tuple(j) for j in tree["joints"]]
+        agents = tree["joints"].shape[1]
+        base = {"set": name, "rule": rule, "problems": len(tree["outcome"]),
+                "vote": tree["outcome"][:, joints.index((0,) * agents)].mean(),
+                "debate": tree["outcome"][:, joints.index((1,) * agents)].mean(),
+                "protocol": best_constant(tree, repeats=repeats)["cross_validated"],
+                "oracle": tree["outcome"].any(1).mean()}
+        ceiling = headroom(tree, {"correct": tree["correct0"] * 1.0}, peer_bit=rule == "chosen",
+                           repeats=repeats)["cross_validated"]
+        previous = None
+        for feature_set in FEATURE_SETS:
+            signals = signals_of(tree, feature_set)
+            if previous is not None and signals.keys() == previous:
+                rows.append({**base, "features": feature_set, "same_as_previous": True})
+                continue
+            previous = signals.keys()
+            room = headroom(tree, signals, peer_bit=rule == "chosen", repeats=repeats)
+            rows.append({**base, "features": feature_set, "policy": room["cross_validated"], "sd": room["cv_std"],
+                         "in_sample": room["in_sample"], "chosen": room["chosen"], "ceiling": ceiling})
+            print(f"{name} {rule} {feature_set}: policy {room['cross_validated']:.3f}", flush=True)
+    return rows, default_tree, notes
+
+
+def verifier_table(tree: dict, resamples: int = 1000, seed: int = 0) -> list[tuple[str, float, float, float, int]]:
+    """(signal, AUROC, low, high, agents) for round-0 answers' correctness, bootstrap over problems."""
+    names = features.feature_names("v3")
+    right, rng = tree["correct0"], np.random.default_rng(seed)
+    table = []
+    for signal in VERIFIERS:
+        values = tree["confidence"] if signal == "confidence" else tree["rows"][:, :, names.index(signal)]
+        if np.ptp(values) == 0:
+            continue
+        value = auroc(values[right], values[~right])
+        draws = []
+        for _ in range(resamples):
+            pick = rng.integers(len(values), size=len(values))
+            draws.append(auroc(values[pick][right[pick]], values[pick][~right[pick]]))
+        low, high = np.nanpercentile(draws, [2.5, 97.5])
+        table.append((signal, value, low, high, values.size))
+    return table
+
+
+def main(argv=None) -> None:
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    shipped = sorted(os.listdir(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                             "deliberation_env", "replay", "sets")))
+    parser.add_argument("--sets", nargs="+", default=shipped, help="replay sets: shipped names, folders or hf://")
+    parser.add_argument("--splits", nargs="+", default=["train", "test"], help="splits whose trees are pooled")
+    parser.add_argument("--repeats", type=int, default=10, help="cross-validation fold splits per cell")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "headroom"))
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    rows, notes, verifiers = [], [], {}
+    for name in args.sets:
+        found, tree, said = rows_of(name, args.splits, args.repeats)
+        rows += found
+        notes += said
+        if tree is not None:
+            verifiers[name] = verifier_table(tree)
+    report(args, rows, notes, verifiers, time.perf_counter() - started)
+
+
+def report(args, rows: list[dict], notes: list[str], verifiers: dict, seconds: float) -> None:
+    lines = ["# Headroom: what each lever makes learnable", "",
+             f"`python bench/headroom.py --sets {' '.join(args.sets)} --splits {' '.join(args.splits)} "
+             f"--repeats {args.repeats}` ({seconds / 60:.1f} min). Trees of splits {', '.join(args.splits)} pooled; "
+             f"cross-validated columns: 5 folds, mean over {args.repeats} fold splits (sd: over those splits). "
+             "Policy - protocol is what learning adds over the best fixed protocol, ceiling - policy what no "
+             "observation of this feature set reaches.", "",
+             "| set | problems | rule | features | vote | debate | best protocol | policy (sd) | policy - protocol | "
+             "ceiling | oracle | signals chosen |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    csv = ["set,rule,features,problems,vote,debate,protocol,policy,sd,ceiling,oracle"]
+    for row in rows:
+        head = f"| {row['set']} | {row['problems']} | {row['rule']} | {row['features']} | {row['vote']:.3f} | " \
+               f"{row['debate']:.3f} | {row['protocol']:.3f} |"
+        if row.get("same_as_previous"):
+            lines.append(f"{head} as the row above (no new varying column) | | | | |")
+            continue
+        chosen = ", ".join(f"{k} ({v})" for k, v in row["chosen"])
+        lines.append(f"{head} {row['policy']:.3f} ({row['sd']:.3f}) | {row['policy'] - row['protocol']:+.3f} | "
+                     f"{row['ceiling']:.3f} | {row['oracle']:.3f} | {chosen} |")
+        csv.append(",".join(str(row[k]) if isinstance(row[k], str) else f"{row[k]:.4f}" for k in
+                            ("set", "rule", "features", "problems", "vote", "debate", "protocol", "policy", "sd",
+                             "ceiling", "oracle")))
+    if notes:
+        lines += ["", *[f"- {note}" for note in notes]]
+    lines += ["", "AUROC of each verifier signal for 'this agent's round-0 answer is right' (bootstrap 95% interval "
+              "resampling problems; 0.5: no signal); the set's confidence source is the self-critic.", "",
+              "| set | signal | AUROC [95% CI] | answers |", "|---|---|---|---|"]
+    for name, table in verifiers.items():
+        for signal, value, low, high, count in table:
+            lines.append(f"| {name} | {signal} | {value:.3f} [{low:.3f}, {high:.3f}] | {count} |")
+    text = "\n".join(lines) + "\n"
+    with open(f"{args.out}.md", "w", encoding="utf-8") as f:
+        f.write(text)
+    with open(f"{args.out}.csv", "w", encoding="utf-8") as f:
+        f.write("\n".join(csv) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

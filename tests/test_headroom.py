@@ -1,0 +1,86 @@
+"""bench/_trees.py and bench/headroom.py: the played-out tree agrees with the env, the policy search finds the best
+policy, and the headroom table's columns keep their order (oracle >= ceiling, policy search >= its own protocols)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+from deliberation_env.record import main as record
+from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.tasks.arithmetic import ArithmeticTask
+from tests.test_replay import SIM_FLAGS
+
+
+@pytest.fixture(scope="module")
+def sim_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sets") / "every-target"
+    record(["--out", str(out), "--split", "test", "--problems", "0:24", "--chunk", "24", *SIM_FLAGS])
+    return ReplaySet(out)
+
+
+@pytest.fixture
+def trees(bench_import):
+    return bench_import("_trees")
+
+
+def test_the_tree_of_chosen_targets_has_every_joint_action_and_agrees_with_the_env(sim_set, trees):
+    tree = trees.tree_of(sim_set, "test", concede_to_peer=True)
+    assert tree["outcome"].shape == (24, 5 ** 3) and tree["actions"] == 5
+    env = replay_env(sim_set, split="test", invalid_action="persist", concede_to_peer=True, max_rounds=1)
+    rng = np.random.default_rng(0)
+    for p in range(24):  # a random joint action's outcome, played in the env, is the tree's
+        env.reset(seed=0, options={"problem_index": p})
+        joint = rng.integers(5, size=3)
+        infos = env.step({f"agent_{a}": int(x) for a, x in enumerate(joint)})[4]
+        column = trees.joint_index(tree, joint[None])[0]
+        assert tree["outcome"][p, column] == next(iter(infos.values()))["consensus_correct"]
+    rule = trees.tree_of(sim_set, "test")  # the 3-action game is the chosen game's first three indices
+    assert rule["outcome"].shape == (24, 27)
+    same = [trees.joint_index(tree, np.array(j)) for j in itertools.product(range(3), repeat=3)]
+    assert (rule["outcome"] == tree["outcome"][:, same]).all()
+
+
+def test_peer_values_follow_the_cores_peer_order(trees):
+    values = np.arange(4)[None, :] * 1.0  # one problem, agent a's value is a
+    core = Deliberation(ArithmeticTask(levels=[0]), DeliberationConfig(num_agents=4))
+    for agent in range(4):
+        assert list(trees.peer_values(values)[0, agent]) == core.peer_indices(agent)
+
+
+def test_the_policy_search_finds_a_planted_policy(trees):
+    """An outcome table that is right only when every agent plays a planted policy of its state: exhaustive search
+    (3 actions) and coordinate ascent (5 actions, 12 states) both find it."""
+    rng = np.random.default_rng(1)
+    for actions, states in ((3, 6), (5, 12)):
+        planted = rng.integers(actions, size=states)
+        state = rng.integers(states, size=(400, 3))
+        joints = np.array(list(itertools.product(range(actions), repeat=3)))
+        tree = {"outcome": np.zeros((400, len(joints)), bool), "actions": actions, "joints": joints}
+        tree["outcome"][np.arange(400), trees.joint_index(tree, planted[state])] = True
+        found = trees.best_policy(tree, state, states, np.arange(400))
+        assert trees.policy_table(tree, state, found[None]).mean() == 1.0
+        assert (actions ** states <= trees.EXHAUSTIVE_LIMIT) == (actions == 3)
+
+
+def test_the_headroom_columns_are_ordered(sim_set, trees, bench_import):
+    headroom = bench_import("headroom")
+    rows, tree, notes = headroom.rows_of(str(sim_set.path), ["test"], repeats=2)
+    assert {row["rule"] for row in rows} == {"most_confident", "plurality", "chosen"} and not notes
+    for row in rows:
+        if row.get("same_as_previous"):
+            continue
+        assert row["oracle"] >= row["ceiling"] - 1e-9 and row["oracle"] >= row["in_sample"] - 1e-9
+        assert 0 <= row["vote"] <= row["oracle"] and 0 <= row["debate"] <= row["oracle"]
+    assert {name for name, *_ in headroom.verifier_table(tree, resamples=50)} >= {"confidence"}
+
+
+def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, bench_import):
+    out = tmp_path / "rule-only"
+    record(["--out", str(out), "--split", "test", "--problems", "0:6", "--concede-targets", "rule", *SIM_FLAGS])
+    rows, _, notes = bench_import("headroom").rows_of(str(out), ["test"], repeats=1)
+    assert {row["rule"] for row in rows} == {"most_confident"}
+    assert any("plurality: not recorded" in note for note in notes) and any("chosen: not recorded" in n for n in notes)
