@@ -12,7 +12,7 @@ homogeneous team's errors go together. Reports, over the problems:
   the spread of its members' accuracies.
 
     python bench/team_band.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \\
-        --roles '["default", "default", {"name": "no_code", "prompt": "no_code"},
+        --dtype bfloat16 --roles '["default", "default", {"name": "no_code", "prompt": "no_code"},
                   {"name": "program", "prompt": "program", "tool": "python"}]'
 
 Measure on problems that the team set will not record (default: train problems 1900-1939).
@@ -34,29 +34,27 @@ from _results import RESULTS, save_markdown, wilson_interval
 import deliberation_env
 from deliberation_env.analysis.metrics import bootstrap_interval
 from deliberation_env.backends.tools import PythonTool
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.core.consensus import plurality
 from deliberation_env.vector import BatchedEnvs
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="a model folder or .gguf file (transformers backend)")
     parser.add_argument("--roles", required=True, help="a JSON (or Python) list of roles, one per agent")
     parser.add_argument("--split", default="train")
     parser.add_argument("--start", type=int, default=1900, help="the first problem's position in the split")
     parser.add_argument("--problems", type=int, default=40)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="team_band", help="results file stem under bench/results/")
     parser.add_argument("--report-only", action="store_true", help="print the report of <out>.jsonl (no model run)")
+    add_backend_arguments(parser, backend_default="transformers")
+    parser.set_defaults(max_tokens=256, temperature=0.7)
     args = parser.parse_args(argv)
     if not args.model and not args.report_only:
-        parser.error("--model is required (a model folder or .gguf file), unless --report-only")
+        parser.error("--model is required (a .gguf file or model folder; with --backend openai the served name), "
+                     "unless --report-only")
     try:
         args.roles = ast.literal_eval(args.roles)
     except (ValueError, SyntaxError) as error:
@@ -66,11 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def play_round_zero(args: argparse.Namespace) -> tuple[list[dict], float]:
     """One row per problem: each agent's answer, correctness, confidence and completion tokens."""
-    from deliberation_env.backends.transformers import TransformersBackend
-
-    model = TransformersBackend(args.model, dtype=args.dtype, batch_size=args.batch_size,
-                                converted_cache_dir=os.path.expanduser("~/.cache/deliberation-models/converted"))
-    backend = PythonTool(model)
+    backend = PythonTool(backend_settings(args).build())
     options = dict(task="arithmetic", task_kwargs={"levels": args.levels}, backend=backend, split=args.split,
                    num_agents=len(args.roles), roles=args.roles, max_rounds=1, confidence="answer_logprobs",
                    max_tokens=args.max_tokens, temperature=args.temperature)
@@ -155,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     header = (f"Round-0 accuracy of candidate roles on arithmetic levels {args.levels}, {args.split} problems "
               f"{args.start}-{args.start + args.problems - 1}, temperature {args.temperature}, max_tokens "
-              f"{args.max_tokens}, {args.dtype}; per-problem rows in {args.out}.jsonl")
+              f"{args.max_tokens}, backend {args.backend}{', ' + args.dtype if args.dtype else ''}; per-problem rows in {args.out}.jsonl")
     if args.report_only:
         with open(os.path.join(RESULTS, f"{args.out}.jsonl"), encoding="utf-8") as stream:
             rows = [json.loads(line) for line in stream]
