@@ -29,6 +29,7 @@ Writes <out>/table.md, table.csv, accuracy_vs_tokens.png and report.md.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -40,7 +41,7 @@ from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_see
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.train import config_class, run
 from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
 from deliberation_env.core.consensus import support
 from deliberation_env.protocols import make_protocol
@@ -50,10 +51,11 @@ ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic"
 PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")
 
 
-def play_rows(dataset: ReplaySet, actor_for, seeds, features: str = "v1", split: str = "test") -> dict[str, np.ndarray]:
+def play_rows(dataset: ReplaySet, actor_for, seeds, options: dict | None = None,
+              split: str = "test") -> dict[str, np.ndarray]:
     """Per problem of ``split``: correct per seed (``runs``, seeds x problems) and averaged over seeds, tokens, and
     action shares."""
-    envs = [replay_env(dataset, split=split, features=features) for _ in range(32)]
+    envs = [replay_env(dataset, split=split, **(options or {})) for _ in range(32)]
     problems = len(envs[0].problems)
     runs, tokens, actions = np.zeros((len(seeds), problems)), np.zeros(problems), Counter()
     for k, seed in enumerate(seeds):
@@ -65,13 +67,13 @@ def play_rows(dataset: ReplaySet, actor_for, seeds, features: str = "v1", split:
             actions.update(r["actions"])
     total = sum(actions.values()) or 1
     return {"correct": runs.mean(0), "runs": runs, "tokens": tokens / len(seeds),
-            "shares": np.array([actions[a] / total for a in range(3)])}
+            "shares": np.array([actions[0], actions[1], sum(v for a, v in actions.items() if a >= 2)]) / total}
 
 
-def protocol_rows(dataset: ReplaySet, seeds, split: str) -> dict[str, dict]:
+def protocol_rows(dataset: ReplaySet, seeds, split: str, options: dict) -> dict[str, dict]:
     """The fixed protocols and the oracle on ``split`` (``single`` is read off the tree by the caller)."""
     return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s) if n == "random" else make_protocol(n),
-                            seeds if name == "random" else [0], split=split)
+                            seeds if name == "random" else [0], options, split=split)
             for name in PROTOCOL_ROWS + ("oracle",) if name != "single"}
 
 
@@ -178,13 +180,18 @@ def _auroc(pairs: list[tuple[float, bool]]) -> float:
     return auroc(values[right], values[~right]) if len(pairs) else float("nan")
 
 
+def options(args) -> dict:
+    """The env options of every replay env the benchmark builds: --features and --env-option."""
+    return {"features": args.features, **args.env_options}
+
+
 def train_and_play(dataset: ReplaySet, algo: str, seed: int, args):
     cfg = config_class("ppo" if algo == "mappo" else algo)(
         episodes=args.episodes, seed=seed, out=os.path.join(args.out, "runs", f"{algo}-{args.features}-seed{seed}"),
         progress=False, tensorboard=False, num_agents=3, max_rounds=dataset.card.rounds, **ALGOS[algo])
     policy = run("ppo" if algo == "mappo" else algo, cfg,
-                 lambda: replay_env(dataset, split="train", features=args.features))
-    return play_rows(dataset, lambda s: PolicyActor(policy), [0], features=args.features)
+                 lambda: replay_env(dataset, split="train", **options(args)))
+    return play_rows(dataset, lambda s: PolicyActor(policy), [0], options(args))
 
 
 def main(argv=None) -> None:
@@ -196,6 +203,8 @@ def main(argv=None) -> None:
     parser.add_argument("--episodes", type=int, default=4000)
     parser.add_argument("--features", default="v1", choices=list(features.FEATURE_SETS),
                         help="the observation feature set the trainers learn from (env option features=)")
+    parser.add_argument("--env-option", dest="env_options", action=KeyValueAction, default={}, metavar="KEY=VALUE",
+                        help="an env option of every replay env (repeatable), e.g. concede_to_peer=True")
     parser.add_argument("--tree-splits", nargs="+", default=["train", "test"],
                         help="splits whose recorded trees the headroom and the signal table pool")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the AUROC intervals")
@@ -203,9 +212,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     dataset = ReplaySet(args.dataset)
     started = time.perf_counter()
-    rows = protocol_rows(dataset, args.seeds, "test")
-    train_rows = protocol_rows(dataset, args.seeds, "train")
-    trees = {split: tree_of(dataset, split) for split in {*args.tree_splits, "train", "test"}}
+    rows = protocol_rows(dataset, args.seeds, "test", options(args))
+    train_rows = protocol_rows(dataset, args.seeds, "train", options(args))
+    trees = {split: tree_of(dataset, split, **args.env_options) for split in {*args.tree_splits, "train", "test"}}
     for table, split in ((rows, "test"), (train_rows, "train")):
         single = trees[split]["correct0"][:, 0].astype(float)
         table["single"] = {"correct": single, "runs": single[None], "tokens": trees[split]["tokens"][:, 0] / 3,
@@ -231,7 +240,8 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
              f"test problems; learned rows average seeds {args.seeds} ({args.episodes} episodes each, features "
              f"{args.features}). {seconds / 60:.1f} min.", "",
              f"`python bench/replay_benchmark.py --dataset {args.dataset} --seeds {' '.join(map(str, args.seeds))} "
-             f"--episodes {args.episodes} --features {args.features} --algos {' '.join(args.algos)}`", "",
+             f"--episodes {args.episodes} --features {args.features} --algos {' '.join(args.algos)}"
+             + "".join(f" --env-option {k}={v}" for k, v in args.env_options.items()) + "`", "",
              f"The protocol to beat, {best}, is the best fixed protocol on the train split. Intervals are 95% "
              "hierarchical bootstraps: each resample draws the training seeds of every learned row and one set of "
              "test problems shared by the rows (paired), so they include training noise as well as the problems'.",
@@ -239,6 +249,7 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
              f"| policy | accuracy | vs best protocol ({best}), 95% CI | tokens / problem | x debate tokens | "
              "PERSIST | REFINE | CONCEDE | per seed |", "|---|---|---|---|---|---|---|---|---|"]
     csv_rows, plot_rows = ["name,accuracy,diff,diff_low,diff_high,tokens"], []
+    pair_rows = ["first,second,diff,diff_low,diff_high"]
     for name, row in sorted(rows.items(), key=lambda item: -item[1]["correct"].mean()):
         diff, low, high = hierarchical_bootstrap([row["runs"], rows[best]["runs"]], [1.0, -1.0])
         seeds = ", ".join(f"{v:.3f}" for v in row.get("per_seed", []))
@@ -261,6 +272,7 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
                     cells.append("")
                     continue
                 diff, low, high = hierarchical_bootstrap([rows[first]["runs"], rows[second]["runs"]], [1.0, -1.0])
+                pair_rows.append(f"{first},{second},{diff:.4f},{low:.4f},{high:.4f}")
                 cell = f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
                 cells.append(f"**{cell}**" if low > 0 or high < 0 else cell)
             lines.append(f"| {first} | " + " | ".join(cells) + " |")
@@ -297,7 +309,11 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
                  f"{c['lonely']:.3f} ({c['lonely_n']})" for c in (row[r] for r in rounds)]
         lines.append(f"| {row['signal']} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
-    for name, body in (("report.md", text), ("table.csv", "\n".join(csv_rows) + "\n")):
+    meta = {"dataset": dataset.card.name, "best_protocol": best, "seeds": args.seeds, "episodes": args.episodes,
+            "features": args.features, "env_options": args.env_options, "algos": args.algos,
+            "test_problems": len(rows[best]["correct"]), "seconds": round(seconds, 1)}
+    for name, body in (("report.md", text), ("table.csv", "\n".join(csv_rows) + "\n"),
+                       ("pairs.csv", "\n".join(pair_rows) + "\n"), ("meta.json", json.dumps(meta, indent=1) + "\n")):
         with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
             f.write(body)
     plt = headless_pyplot()

@@ -108,8 +108,7 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     policy, trained_on = trained_policy(dataset, args)
     names = ["softrankpo", *args.protocols]
-    test_problems = len(dataset.card.splits["test"])
-    replayed = {name: play_rows(dataset, lambda s, n=name: actor_for(n, policy), [0], test_problems) for name in names}
+    replayed = {name: play_rows(dataset, lambda s, n=name: actor_for(n, policy), [0]) for name in names}
     live = {name: play_live(dataset, backend, name, policy, args.problems, args.wave) for name in names}
     report(args, dataset, trained_on, names, replayed, live, backend.identity(), time.perf_counter() - started)
     close = getattr(backend, "close", None)

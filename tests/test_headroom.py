@@ -84,3 +84,26 @@ def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, ben
     rows, _, notes = bench_import("headroom").rows_of(str(out), ["test"], repeats=1)
     assert {row["rule"] for row in rows} == {"most_confident"}
     assert any("plurality: not recorded" in note for note in notes) and any("chosen: not recorded" in n for n in notes)
+
+
+def test_the_suite_runs_each_cell_once_skips_unrecorded_games_and_checks_its_targets(tmp_path, bench_import):
+    for split in ("train", "test"):
+        record(["--out", str(tmp_path / "all"), "--split", split, "--problems", "0:6", "--chunk", "6", *SIM_FLAGS])
+        record(["--out", str(tmp_path / "rule"), "--split", split, "--problems", "0:6", "--chunk", "6",
+                "--concede-targets", "rule", *SIM_FLAGS])
+    suite = bench_import("replay_suite")
+    out = tmp_path / "suite"
+    flags = ["--sets", str(tmp_path / "all"), str(tmp_path / "rule"), "--cells", "v1", "chosen-v3", "--algos", "sft",
+             "grpo", "--seeds", "0", "--episodes", "30", "--resamples", "10", "--out", str(out)]
+    suite.main(flags)
+    board = (tmp_path / "suite.md").read_text()
+    assert "## all, v1" in board and "## all, chosen-v3" in board and "## rule, v1" in board
+    assert "rule, chosen-v3" in board.split("Not run:")[1]  # recorded for the rule's peer only
+    assert "## Targets" in board and "| sft |" in board and "| grpo |" in board
+    cell = out / "all" / "v1" / "meta.json"
+    made = cell.stat().st_mtime_ns
+    suite.main(flags)  # a cell already there is not run again
+    assert cell.stat().st_mtime_ns == made
+    found = suite.read_cell(str(out / "all" / "chosen-v3"))
+    assert found["meta"]["env_options"] == {"concede_to_peer": True} and found["meta"]["features"] == "v3"
+    assert {p["first"] for p in found["pairs"]} == {"sft"} and found["rows"]["sft"]["accuracy"] >= 0

@@ -1,0 +1,141 @@
+"""The suite leaderboard: every trainer on every shipped replay set and game, one replay_benchmark run per cell.
+
+    python bench/replay_suite.py                                   # every shipped set x CELLS, 3 seeds
+    python bench/replay_suite.py --sets qwen05-arith-v2 --cells chosen-v3 --seeds 0 1 2 3
+    python bench/replay_suite.py --report-only                     # the leaderboard of the cells run so far
+
+``CELLS`` are the games a set can be played as: the 3-action game with features v1 and v2, and chosen concede
+targets (``concede_to_peer=True``) with features v3. A cell a set was not recorded for is skipped with its reason.
+Each cell runs ``bench/replay_benchmark.py`` (every trainer, each seed, trained on the train split, played on the
+test split; the best protocol chosen on train; hierarchical intervals over training seeds and problems) into
+``<out>/<set>/<cell>/``; a cell already there is not run again (``--force`` runs it again). The leaderboard,
+``<out>.md``, gives per cell each row's difference to the best protocol and checks two targets: a learned row
+at least 5 points above the best protocol with its interval above 0, and a pair of trainers whose difference
+interval excludes 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+
+import replay_benchmark
+from _results import RESULTS
+
+from deliberation_env.cli import ArgumentParser
+from deliberation_env.replay import ReplayError, ReplaySet, replay_env
+
+CELLS = {"v1": {"features": "v1"}, "v2": {"features": "v2"},
+         "chosen-v3": {"features": "v3", "concede_to_peer": True}}
+TARGET = 0.05
+"""The margin over the best protocol the suite asks of one learned row (with its interval above 0)."""
+
+
+def shipped_sets() -> list[str]:
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deliberation_env", "replay",
+                          "sets")
+    return sorted(os.listdir(folder))
+
+
+def run_cell(name: str, cell: str, args) -> str | None:
+    """Runs one cell into its folder (unless there already); returns why it cannot run, or None."""
+    options = CELLS[cell]
+    out = os.path.join(args.out, os.path.basename(name.rstrip("/")), cell)
+    try:
+        replay_env(ReplaySet(name), split="train", **options)
+    except ReplayError as error:
+        return str(error).split(":")[0]
+    if os.path.isfile(os.path.join(out, "meta.json")) and not args.force:
+        return None
+    argv = ["--dataset", name, "--features", options["features"], "--seeds", *map(str, args.seeds),
+            "--episodes", str(args.episodes), "--resamples", str(args.resamples), "--out", out, "--algos", *args.algos]
+    for key, value in options.items():
+        if key != "features":
+            argv += ["--env-option", f"{key}={value}"]
+    replay_benchmark.main(argv)
+    return None
+
+
+def read_cell(folder: str) -> dict | None:
+    if not os.path.isfile(os.path.join(folder, "meta.json")):
+        return None
+    with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    with open(os.path.join(folder, "table.csv"), encoding="utf-8") as f:
+        rows = {row["name"]: {k: (v if k == "name" else float(v)) for k, v in row.items()} for row in csv.DictReader(f)}
+    with open(os.path.join(folder, "pairs.csv"), encoding="utf-8") as f:
+        pairs = [{k: (v if k in ("first", "second") else float(v)) for k, v in row.items()} for row in csv.DictReader(f)]
+    return {"meta": meta, "rows": rows, "pairs": pairs}
+
+
+def leaderboard(args, skipped: list[str], seconds: float) -> str:
+    lines = ["# Suite leaderboard", "",
+             f"`python bench/replay_suite.py --sets {' '.join(args.sets)} --cells {' '.join(args.cells)} --seeds "
+             f"{' '.join(map(str, args.seeds))} --episodes {args.episodes}`"
+             + (f" ({seconds / 60:.1f} min for the cells run now)" if seconds else ""), "",
+             "Each learned row: accuracy on the test split, and its difference to the best protocol (chosen on the "
+             "train split) with a hierarchical 95% interval resampling training seeds and, paired, problems. "
+             f"Targets: a learned row at least {TARGET:+.2f} above the best protocol with its interval above 0; "
+             "a pair of trainers whose difference interval excludes 0.", ""]
+    targets = {"margin": [], "pair": []}
+    for name in args.sets:
+        for cell in args.cells:
+            found = read_cell(os.path.join(args.out, os.path.basename(name.rstrip("/")), cell))
+            if found is None:
+                continue
+            meta, rows = found["meta"], found["rows"]
+            best = meta["best_protocol"]
+            learned = sorted((r for n, r in rows.items() if n in meta["algos"]), key=lambda r: -r["accuracy"])
+            lines += [f"## {meta['dataset']}, {cell} ({meta['test_problems']} test problems, seeds {meta['seeds']})",
+                      "", f"Best protocol (on train): {best}, {rows[best]['accuracy']:.3f} on test; oracle "
+                      f"{rows['oracle']['accuracy']:.3f}.", "",
+                      "| trainer | accuracy | vs best protocol [95%] | tokens / problem |", "|---|---|---|---|"]
+            for row in learned:
+                lines.append(f"| {row['name']} | {row['accuracy']:.3f} | {row['diff']:+.3f} [{row['diff_low']:+.3f}, "
+                             f"{row['diff_high']:+.3f}] | {row['tokens']:,.0f} |")
+                if row["diff"] >= TARGET and row["diff_low"] > 0:
+                    targets["margin"].append(f"{meta['dataset']} {cell}: {row['name']} {row['diff']:+.3f}")
+            separated = [p for p in found["pairs"] if p["diff_low"] > 0 or p["diff_high"] < 0]
+            for p in separated:
+                targets["pair"].append(f"{meta['dataset']} {cell}: {p['first']} - {p['second']} {p['diff']:+.3f} "
+                                       f"[{p['diff_low']:+.3f}, {p['diff_high']:+.3f}]")
+            lines.append("")
+    lines += ["## Targets", "",
+              f"- A learned row {TARGET:+.2f} or more above the best protocol, interval above 0: "
+              + ("; ".join(targets["margin"]) if targets["margin"] else "not reached in any cell"),
+              "- A pair of trainers told apart (interval excludes 0): "
+              + ("; ".join(targets["pair"]) if targets["pair"] else "none in any cell")]
+    if skipped:
+        lines += ["", "Not run:", *[f"- {line}" for line in skipped]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sets", nargs="+", default=shipped_sets(), help="replay sets: shipped names or folders")
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--algos", nargs="+", default=list(replay_benchmark.ALGOS), choices=list(replay_benchmark.ALGOS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--episodes", type=int, default=4000)
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the AUROC intervals")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "replay_suite"))
+    parser.add_argument("--force", action="store_true", help="run cells again that are already there")
+    parser.add_argument("--report-only", action="store_true", help="write the leaderboard of the cells there")
+    args = parser.parse_args(argv)
+    started, skipped = time.perf_counter(), []
+    if not args.report_only:
+        for name in args.sets:
+            for cell in args.cells:
+                why = run_cell(name, cell, args)
+                if why:
+                    skipped.append(f"{name}, {cell}: {why}")
+    text = leaderboard(args, skipped, 0.0 if args.report_only else time.perf_counter() - started)
+    with open(f"{args.out}.md", "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
