@@ -42,11 +42,11 @@ def shipped_sets() -> list[str]:
 def run_cell(name: str, cell: str, args) -> str | None:
     """Runs one cell into its folder (unless there already); returns why it cannot run, or None."""
     options = CELLS[cell]
-    out = os.path.join(args.out, os.path.basename(name.rstrip("/")), cell)
     try:
         replay_env(ReplaySet(name), split="train", **options)
     except ReplayError as error:
-        return str(error).split(":")[0]
+        return str(error)
+    out = os.path.join(args.out, os.path.basename(name.rstrip("/")), cell)
     if os.path.isfile(os.path.join(out, "meta.json")) and not args.force:
         return None
     argv = ["--dataset", name, "--features", options["features"], "--seeds", *map(str, args.seeds),
