@@ -55,7 +55,7 @@ def rows_of(name: str, splits: list[str], repeats: int) -> tuple[list[dict], dic
         try:
             tree = pool_trees([tree_of(dataset, split, **options) for split in splits])
         except ReplayError as error:
-            notes.append(f"`{name}`, {rule}: not recorded ({error})")
+            notes.append(f"`{name}`, {rule}: not recorded ({str(error).replace(f' ({dataset.path})', '')})")
             continue
         default_tree = default_tree if default_tree is not None else tree
         joints = [tuple(j) for j in tree["joints"]]

@@ -42,10 +42,11 @@ def shipped_sets() -> list[str]:
 def run_cell(name: str, cell: str, args) -> str | None:
     """Runs one cell into its folder (unless there already); returns why it cannot run, or None."""
     options = CELLS[cell]
+    dataset = ReplaySet(name)
     try:
-        replay_env(ReplaySet(name), split="train", **options)
+        replay_env(dataset, split="train", **options)
     except ReplayError as error:
-        return str(error)
+        return str(error).replace(f" ({dataset.path})", "")  # no folder of this machine in the leaderboard
     out = os.path.join(args.out, os.path.basename(name.rstrip("/")), cell)
     if os.path.isfile(os.path.join(out, "meta.json")) and not args.force:
         return None
