@@ -6,6 +6,7 @@ rules and feature sets).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from typing import Any
@@ -97,6 +98,12 @@ def policy_table(tree: dict, state: np.ndarray, policies: np.ndarray) -> np.ndar
     return tree["outcome"][np.arange(state.shape[0]), joint]
 
 
+@functools.lru_cache(maxsize=8)
+def all_policies(actions: int, states: int) -> np.ndarray:
+    """Every policy (states -> action) of a small space, one per row (built once per size)."""
+    return np.array(list(itertools.product(range(actions), repeat=states)))
+
+
 def best_policy(tree: dict, state: np.ndarray, states: int, on: np.ndarray) -> np.ndarray:
     """The shared policy (states -> action) with the most right consensuses on problems ``on``: exhaustive where
     the space is small (3 actions x 6 states: 729), else coordinate ascent from always-PERSIST (each state's action
@@ -104,7 +111,7 @@ def best_policy(tree: dict, state: np.ndarray, states: int, on: np.ndarray) -> n
     actions, sub = tree["actions"], state[on]
     sub_tree = {"outcome": tree["outcome"][on], "actions": actions}
     if actions ** states <= EXHAUSTIVE_LIMIT:
-        policies = np.array(list(itertools.product(range(actions), repeat=states)))
+        policies = all_policies(actions, states)
         return policies[int(np.argmax(policy_table(sub_tree, sub, policies).mean(1)))]
     policy = np.zeros(states, int)
     for _ in range(10):
