@@ -46,10 +46,10 @@ def weights_of(backend: str, model: str | None, source: str | None = None, licen
     if backend == "sim":
         return {"sha256": None, "reason": "the sim backend has no weights"}
     if file is not None:
-        path = Path(file).expanduser()
-        if not path.is_file():
+        served = Path(file).expanduser()
+        if not served.is_file():
             raise ValueError(f"--weights-file {file}: no such file (name the model file the server loaded)")
-        return {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size, "source": source,
+        return {"file": served.name, "sha256": sha256_file(served), "bytes": served.stat().st_size, "source": source,
                 "license": license, "served_as": model}
     if backend == "openai":
         return {"sha256": None, "source": source, "license": license,
