@@ -46,11 +46,7 @@ def weights_of(backend: str, model: str | None, source: str | None = None, licen
     if backend == "sim":
         return {"sha256": None, "reason": "the sim backend has no weights"}
     if file is not None:
-        served = Path(file).expanduser()
-        if not served.is_file():
-            raise ValueError(f"--weights-file {file}: no such file (name the model file the server loaded)")
-        return {"file": served.name, "sha256": sha256_file(served), "bytes": served.stat().st_size, "source": source,
-                "license": license, "served_as": model}
+        return {**_file_weights(Path(file).expanduser(), source, license), "served_as": model}
     if backend == "openai":
         return {"sha256": None, "source": source, "license": license,
                 "reason": f"served by an OpenAI-compatible server as {model!r}: its weights are not visible here"}
@@ -58,5 +54,9 @@ def weights_of(backend: str, model: str | None, source: str | None = None, licen
     if path is None or not path.is_file():
         return {"sha256": None, "source": source or model, "license": license,
                 "reason": "a hub id or folder, not one file: the hub revision pins the weights"}
+    return _file_weights(path, source, license)
+
+
+def _file_weights(path: Path, source: str | None, license: str | None) -> dict[str, Any]:
     return {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size, "source": source,
             "license": license}
