@@ -290,36 +290,65 @@ def test_every_shipped_set_replays_without_a_miss(name):
         assert env.backends[0].misses == 0, (split, confidence, rule, to_peer)
 
 
-@pytest.mark.model
-def test_replay_equals_the_live_model_smollm2(tmp_path):
-    """Record 2 problems of SmolLM2, then every joint action x 2 seeds x every confidence source, replay vs live.
-
-    Both sides decode one request at a time in float32, so that batching cannot move a float; the live side goes
-    through a SQLite cache of its own (its requests ask for other log-probabilities than the recording's)."""
-    from deliberation_env.backends.models import smollm2_gguf_path
-    from deliberation_env.backends.transformers import TransformersBackend
-
-    model = TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=1)
+def record_smollm2(out, model, *flags: str):
+    """Record SmolLM2 through the CLI with ``model`` (one loaded backend for both sides of a test)."""
     from deliberation_env import cli
 
-    out = tmp_path / "smol"
     original = cli.BackendSettings.build
     try:
         cli.BackendSettings.build = lambda self, check_servers=True: model
-        record(["--out", str(out), "--split", "test", "--problems", "0:2", "--task-option", "levels=[0,1]",
-                "--max-tokens", "16", "--env-option", "critic_max_tokens=4", "--backend", "transformers",
-                "--model", "smollm2"])
+        record(["--out", str(out), "--split", "test", "--task-option", "levels=[0,1]", "--env-option",
+                "critic_max_tokens=4", "--backend", "transformers", "--model", "smollm2", *flags])
     finally:
         cli.BackendSettings.build = original
-    live_backend = CachedBackend(model, str(tmp_path / "live.sqlite"))
-    dataset = ReplaySet(out)
+    return ReplaySet(out)
+
+
+@pytest.fixture(scope="module")
+def smollm2_float32():
+    """SmolLM2 decoding one request at a time in float32, so that batching cannot move a float."""
+    from deliberation_env.backends.models import smollm2_gguf_path
+    from deliberation_env.backends.transformers import TransformersBackend
+
+    return TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=1)
+
+
+def smollm2_live(model, database, **options):
+    """The live env of a SmolLM2 set; its own SQLite cache, since its requests ask for other log-probabilities."""
+    return deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]},
+                                         backend=CachedBackend(model, str(database)), critic_max_tokens=4, streams=1,
+                                         invalid_action="persist", **options)
+
+
+@pytest.mark.model
+def test_replay_equals_the_live_model_smollm2(tmp_path, smollm2_float32):
+    """Record 2 problems of SmolLM2, then every joint action x 2 seeds x every confidence source, replay vs live."""
+    dataset = record_smollm2(tmp_path / "smol", smollm2_float32, "--problems", "0:2", "--max-tokens", "16")
     for confidence in CONFIDENCE_SOURCES:
         replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
-        live = deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]}, backend=live_backend,
-                                             max_rounds=1, max_tokens=16, critic_max_tokens=4, streams=1,
-                                             confidence=confidence, invalid_action="persist")
+        live = smollm2_live(smollm2_float32, tmp_path / "live.sqlite", max_rounds=1, max_tokens=16,
+                            confidence=confidence)
         assert play_all_joint_actions(replayed, live, dataset.card.splits["test"], seeds=(0, 1)) == 2 * 2 * 27
         assert replayed.backends[0].misses == 0
+
+
+@pytest.mark.model
+def test_two_round_trees_of_the_live_model_replay_exactly_smollm2(tmp_path, smollm2_float32):
+    """A real model's 2-round tree: 2 problems, every one of a 2-agent team's 9 x 9 joint action sequences.
+
+    Past round 1 every joint action leaves its own state, so round 2 asks for requests that no 1-round tree holds:
+    the refinements see the texts each state left, and each concede is re-introspected."""
+    dataset = record_smollm2(tmp_path / "smol2", smollm2_float32, "--problems", "0:2", "--agents", "2", "--rounds",
+                             "2", "--sources", "critic_text", "--max-tokens", "12")
+    sizes = dataset.card.stats["requests_per_problem"]
+    print("unique requests per problem, by round:", sizes)
+    assert float(sizes["2"]) > 3 * float(sizes["1"])  # the states multiply past round 1
+    replayed = replay_env(dataset, invalid_action="persist")
+    assert replayed.config.max_rounds == 2
+    live = smollm2_live(smollm2_float32, tmp_path / "live2.sqlite", num_agents=2, max_rounds=2, max_tokens=12,
+                        confidence="critic_text")
+    assert play_all_joint_actions(replayed, live, dataset.card.splits["test"], seeds=(0,), rounds=2) == 2 * 9**2
+    assert replayed.backends[0].misses == 0
 
 
 def test_one_command_trains_and_evaluates_on_a_replay_set(sim_set, tmp_path, capsys):
