@@ -55,14 +55,27 @@ class ReplayError(ValueError):
     """A replay set that cannot serve the env asked of it (names the set, the difference and the fix)."""
 
 
+_KEYS: dict[tuple, str] = {}
+"""Keys computed lately, by what they hash: the recorder's walk and an episode ask for the same request many
+times, and hashing its fields is cheaper than encoding and digesting them again."""
+_KEYS_KEPT = 8192
+
+
 def request_key(request: Request) -> str:
     """The key of a request in a replay set: a hash of the messages, the seed and the sampling settings.
 
     Which log-probabilities a request asks for is not part of it: a recording keeps them all."""
-    payload = _KEY_JSON.encode({"messages": [[m.role, m.content] for m in request.messages], "seed": int(request.seed),
-                                "max_tokens": request.max_tokens, "temperature": float(request.temperature),
-                                "top_p": float(request.top_p)})
-    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    fields = (request.messages, request.seed, request.max_tokens, request.temperature, request.top_p)
+    key = _KEYS.get(fields)
+    if key is None:
+        payload = _KEY_JSON.encode({"messages": [[m.role, m.content] for m in request.messages],
+                                    "seed": int(request.seed), "max_tokens": request.max_tokens,
+                                    "temperature": float(request.temperature), "top_p": float(request.top_p)})
+        key = hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        if len(_KEYS) >= _KEYS_KEPT:
+            _KEYS.clear()
+        _KEYS[fields] = key
+    return key
 
 
 def rich_request(request: Request) -> Request:

@@ -85,14 +85,16 @@ class TreeRecorder:
         stats = TreeStats()
         streams = range(self.configs[0].streams or 1)
         paths = [Walk(p, s, c) for p in problems for s in streams for c in self.configs]
+        used: dict[str, tuple[str, int]] = {}
         for depth in range(self.rounds + 1):
             stats.paths[depth] += len(paths)
             while True:
                 missing: dict[str, tuple[Request, dict[str, Any]]] = {}
                 ended: list[tuple[Walk, Deliberation]] = []
                 waiting: list[tuple[Walk, Deliberation]] = []  # alive until answered: a sim asks them for context
+                used = {}  # a pass of the last depth that misses nothing has played every request of the tree
                 for path in paths:
-                    core, gaps = self._play(path)
+                    core, gaps = self._play(path, used)
                     for request, place in gaps:
                         missing.setdefault(request_key(request), (request, {**place, "split": split}))
                     (waiting if gaps else ended).append((path, core))
@@ -106,31 +108,34 @@ class TreeRecorder:
                 break
             paths = [replace(path, prefix=path.prefix + (joint,))
                      for path, core in ended if not core.done for joint in self._joint_actions(path, core)]
-        seen: set[str] = set()
-        for path in paths:
-            self._count(path, stats, seen)
+        stats.requests.update(used.values())
         return stats
 
-    def _play(self, path: Walk) -> tuple[Deliberation, list[tuple[Request, dict[str, Any]]]]:
-        """Drive the core along ``path`` on recorded completions; the requests it still lacks, if any."""
+    def _play(self, path: Walk, used: dict[str, tuple[str, int]]) -> tuple[Deliberation, list[tuple[Request, dict[str, Any]]]]:
+        """Drive the core along ``path`` on recorded completions; the requests it still lacks, if any. Each
+        answered request's key goes into ``used`` (first seen: its problem id and round)."""
         core = Deliberation(self.task, path.config)
         core.start(path.problem, path.stream)
-        gaps = self._answer(core, path)
+        gaps = self._answer(core, path, used)
         for moves in path.prefix:
             if gaps:
                 break
             _begin(core, moves)
-            gaps = self._answer(core, path)
+            gaps = self._answer(core, path, used)
             if not gaps:
                 core.finish_round()
         return core, gaps
 
-    def _answer(self, core: Deliberation, path: Walk) -> list[tuple[Request, dict[str, Any]]]:
+    def _answer(self, core: Deliberation, path: Walk,
+                used: dict[str, tuple[str, int]]) -> list[tuple[Request, dict[str, Any]]]:
         while requests := core.pending_requests():
-            found = [self.records.get(request_key(r)) for r in requests]
+            keys = [request_key(r) for r in requests]
+            found = [self.records.get(key) for key in keys]
             if any(record is None for record in found):
                 place = {"problem": path.problem.id, "stream": path.stream, "round": core.request_round}
                 return [(r, place) for r, record in zip(requests, found) if record is None]
+            for key in keys:
+                used.setdefault(key, (path.problem.id, core.request_round))
             records = cast("list[dict[str, Any]]", found)  # none is None: checked above
             core.receive([completion_for(r, record) for r, record in zip(requests, records)])
         return []
@@ -165,24 +170,6 @@ class TreeRecorder:
         else:
             concede = [(Action.CONCEDE, None)] if core.concede_target(agent) is not None else []
         return [(Action.PERSIST, None), (Action.REFINE, None), *concede]
-
-    def _count(self, path: Walk, stats: TreeStats, seen: set[str]) -> None:
-        """Add the unique requests of one leaf path to the per-problem, per-round counts (once per key)."""
-        core = Deliberation(self.task, path.config)
-        core.start(path.problem, path.stream)
-        rounds = [None, *path.prefix]
-        for moves in rounds:
-            if moves is not None:
-                _begin(core, moves)
-            while requests := core.pending_requests():
-                for request in requests:
-                    key = request_key(request)
-                    if key not in seen:
-                        seen.add(key)
-                        stats.requests[path.problem.id, core.request_round] += 1
-                core.receive([completion_for(r, self.records[request_key(r)]) for r in requests])
-            if moves is not None:
-                core.finish_round()
 
 
 def _begin(core: Deliberation, moves: Sequence[Move]) -> None:
