@@ -20,6 +20,13 @@ BENCH = str(Path(__file__).resolve().parents[1] / "bench")
 
 
 @pytest.fixture(scope="session")
+def converted(tmp_path_factory) -> str:
+    """One folder of dequantised GGUF weights for the whole run: SmolLM2 is converted once per dtype, not once per
+    module (a conversion takes about 20 s)."""
+    return str(tmp_path_factory.mktemp("converted"))
+
+
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The benchmark data folder (``$DELIBERATION_ENV_DATA``, else ../shared/data beside the repo)."""
     if not (DATA_DIR / "gsm8k" / "test.jsonl").is_file():

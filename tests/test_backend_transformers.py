@@ -178,11 +178,12 @@ def test_rows_with_one_prompt_share_its_prefill(smol, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def smol32():
+def smol32(converted):
     from deliberation_env.backends.models import smollm2_gguf_path
     from deliberation_env.backends.transformers import TransformersBackend
 
-    return TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=8)  # float32: differences are rounding
+    # float32: differences are rounding
+    return TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=8, converted_cache_dir=converted)
 
 
 def test_rows_with_a_common_start_share_its_prefill(smol32):

@@ -27,7 +27,7 @@ def cache_counts(output: str) -> dict[str, tuple[int, int]]:
     return {name: (int(h), int(m)) for name, h, m in re.findall(r"(\w+) (\d+) hits / (\d+) misses", line)}
 
 
-def test_train_and_evaluate_with_smollm2(tmp_path):
+def test_train_and_evaluate_with_smollm2(tmp_path, converted):
     pytest.importorskip("transformers")
     from deliberation_env.backends.models import smollm2_gguf_path
 
@@ -37,7 +37,7 @@ def test_train_and_evaluate_with_smollm2(tmp_path):
         pytest.skip(str(error))
     out = run_cli("baselines.meta.train", "--algo", "sft", "--backend", "transformers", "--model", "smollm2", *TINY_ENV,
                   "--episodes", "4", "--num-envs", "4", "--eval-problems", "1", "--eval-seeds", "1",
-                  "--cache", "smol.sqlite", "--backend-option", f"converted_cache_dir={tmp_path / 'converted'}",
+                  "--cache", "smol.sqlite", "--backend-option", f"converted_cache_dir={converted}",
                   "--no-progress", "--no-tensorboard", "--out", "run", cwd=tmp_path)
     for name in ("sft", "single", "self_consistency", "debate", "threshold", "random", "oracle"):
         assert f"| {name} |" in out

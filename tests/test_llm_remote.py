@@ -30,14 +30,11 @@ MESSAGES = (Message("user", "Name a colour."),)
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("converted"))
-
-
-@pytest.fixture(scope="module")
 def team(converted):
-    torch.set_num_threads(1)
-    return TeamPolicy("smollm2", 2, "lora", converted_cache_dir=converted)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # for this module only: later modules keep every core
+    yield TeamPolicy("smollm2", 2, "lora", converted_cache_dir=converted)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

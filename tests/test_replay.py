@@ -305,12 +305,12 @@ def record_smollm2(out, model, *flags: str):
 
 
 @pytest.fixture(scope="module")
-def smollm2_float32():
+def smollm2_float32(converted):
     """SmolLM2 decoding one request at a time in float32, so that batching cannot move a float."""
     from deliberation_env.backends.models import smollm2_gguf_path
     from deliberation_env.backends.transformers import TransformersBackend
 
-    return TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=1)
+    return TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=1, converted_cache_dir=converted)
 
 
 def smollm2_live(model, database, **options):

@@ -160,14 +160,14 @@ def opening_agreement(model, task, problems, request_format: int) -> tuple[float
 
 
 @pytest.mark.model
-def test_a_homogeneous_team_is_three_samples_of_one_model_not_three_personas():
+def test_a_homogeneous_team_is_three_samples_of_one_model_not_three_personas(converted):
     """SmolLM2, 20 problems, each agent's first 4 tokens. Format 1 reused agent k's random stream on every problem,
     so each agent kept its own opening (measured: 0.59 of an agent's pairs of problems matched, 0.03 across agents);
     under format 2 the agents are alike (0.37 and 0.35)."""
     from deliberation_env.backends.models import smollm2_gguf_path
     from deliberation_env.backends.transformers import TransformersBackend
 
-    model = TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=64)
+    model = TransformersBackend(smollm2_gguf_path(), dtype="float32", batch_size=64, converted_cache_dir=converted)
     task = ArithmeticTask(levels=(0, 1))
     problems = task.problems("test")[:20]
     within, across = opening_agreement(model, task, problems, REQUEST_FORMAT)

@@ -60,15 +60,14 @@ def _adapters(out) -> dict[str, torch.Tensor]:
     return weights
 
 
-def test_two_processes_train_the_adapters_of_one_process_on_the_same_batch(tmp_path):
+def test_two_processes_train_the_adapters_of_one_process_on_the_same_batch(tmp_path, converted):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    converted = str(tmp_path / "converted")
 
     def settings(out: str) -> str:
         return json.dumps({**SETTINGS, "out": str(tmp_path / out), "converted_cache_dir": converted})
 
-    # the single process first: it also fills the converted-model cache both launches share
+    # the single process first: it fills the converted-model cache (if no earlier test did) that the launch reads
     assert "process 0 of 1" in _run([sys.executable, str(driver), settings("single")], tmp_path)
     launched = _run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",

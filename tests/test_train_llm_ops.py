@@ -194,11 +194,6 @@ def test_the_optimizer_refuses_low_precision_parameters_and_peft_keeps_adapters_
 
 
 # ----------------------------------------------------------------------------- on SmolLM2
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("converted"))
-
-
 def test_entropy_of_the_training_pass_matches_the_full_distribution(converted):
     from baselines.llm.policy import TeamPolicy
 
