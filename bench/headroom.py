@@ -32,7 +32,7 @@ from _trees import best_constant, feature_columns, headroom, pool_trees, tree_of
 from deliberation_env.analysis.metrics import auroc
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core import features
-from deliberation_env.replay import ReplayError, ReplaySet
+from deliberation_env.replay import ReplayError, ReplaySet, shipped
 
 RULES = {"most_confident": {"concede_target": "most_confident"}, "plurality": {"concede_target": "plurality"},
          "chosen": {"concede_to_peer": True}}
@@ -102,9 +102,7 @@ def verifier_table(tree: dict, resamples: int = 1000, seed: int = 0) -> list[tup
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    shipped = sorted(os.listdir(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                             "deliberation_env", "replay", "sets")))
-    parser.add_argument("--sets", nargs="+", default=shipped, help="replay sets: shipped names, folders or hf://")
+    parser.add_argument("--sets", nargs="+", default=shipped(), help="replay sets: shipped names, folders or hf://")
     parser.add_argument("--splits", nargs="+", default=["train", "test"], help="splits whose trees are pooled")
     parser.add_argument("--repeats", type=int, default=10, help="cross-validation fold splits per cell")
     parser.add_argument("--out", default=os.path.join(RESULTS, "headroom"))

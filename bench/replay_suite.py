@@ -25,18 +25,12 @@ import replay_benchmark
 from _results import RESULTS
 
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.replay import ReplayError, ReplaySet, replay_env
+from deliberation_env.replay import ReplayError, ReplaySet, replay_env, shipped
 
 CELLS = {"v1": {"features": "v1"}, "v2": {"features": "v2"},
          "chosen-v3": {"features": "v3", "concede_to_peer": True}}
 TARGET = 0.05
 """The margin over the best protocol the suite asks of one learned row (with its interval above 0)."""
-
-
-def shipped_sets() -> list[str]:
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deliberation_env", "replay",
-                          "sets")
-    return sorted(os.listdir(folder))
 
 
 def run_cell(name: str, cell: str, args) -> str | None:
@@ -115,7 +109,7 @@ def leaderboard(args, skipped: list[str], seconds: float) -> str:
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sets", nargs="+", default=shipped_sets(), help="replay sets: shipped names or folders")
+    parser.add_argument("--sets", nargs="+", default=shipped(), help="replay sets: shipped names or folders")
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     parser.add_argument("--algos", nargs="+", default=list(replay_benchmark.ALGOS), choices=list(replay_benchmark.ALGOS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
