@@ -29,7 +29,7 @@ import numpy as np
 from _results import RESULTS
 from _trees import best_constant, feature_columns, headroom, pool_trees, tree_of
 
-from deliberation_env.analysis.metrics import auroc
+from deliberation_env.analysis.metrics import clustered_auroc
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core import features
 from deliberation_env.replay import ReplayError, ReplaySet, shipped
@@ -90,12 +90,7 @@ def verifier_table(tree: dict, resamples: int = 1000, seed: int = 0) -> list[tup
         values = tree["confidence"] if signal == "confidence" else tree["rows"][:, :, names.index(signal)]
         if np.ptp(values) == 0:
             continue
-        value = auroc(values[right], values[~right])
-        draws = []
-        for _ in range(resamples):
-            pick = rng.integers(len(values), size=len(values))
-            draws.append(auroc(values[pick][right[pick]], values[pick][~right[pick]]))
-        low, high = np.nanpercentile(draws, [2.5, 97.5])
+        value, low, high = clustered_auroc(list(zip(values, right)), resamples, rng)
         table.append((signal, value, low, high, values.size))
     return table
 

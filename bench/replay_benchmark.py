@@ -40,7 +40,7 @@ from _trees import feature_columns, headroom, pool_trees, tree_of
 from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, episode_seed, headless_pyplot, play_episodes
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.train import config_class, run
-from deliberation_env.analysis.metrics import auroc, hierarchical_bootstrap, paired_bootstrap
+from deliberation_env.analysis.metrics import auroc, clustered_auroc, hierarchical_bootstrap, paired_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
 from deliberation_env.core.consensus import support
@@ -161,23 +161,18 @@ def signal_table(found: list[dict], resamples: int = 1000, seed: int = 0) -> lis
         for round_ in sorted({r["round"] for r in found}):
             items = [r for r in found if r["round"] == round_ and not np.isnan(r[name])]
             problems = sorted({r["problem"] for r in items})
-            by_problem = {p: [(r[name], r["right"]) for r in items if r["problem"] == p] for p in problems}
-            value = _auroc([pair for p in problems for pair in by_problem[p]])
-            draws = [_auroc([pair for k in rng.integers(len(problems), size=len(problems))
-                             for pair in by_problem[problems[k]]]) for _ in range(resamples)]
-            low, high = np.nanpercentile(draws, [2.5, 97.5]) if len(problems) else (np.nan, np.nan)
-            lonely = [(r[name], r["right"]) for r in items if r["peers agreeing"] == 0]
+            groups = [([r[name] for r in items if r["problem"] == p], [r["right"] for r in items if r["problem"] == p])
+                      for p in problems]
+            value, low, high = clustered_auroc(groups, resamples, rng)
+            lonely = [r for r in items if r["peers agreeing"] == 0]
+            lonely_values = np.array([r[name] for r in lonely], float)
+            lonely_right = np.array([r["right"] for r in lonely], bool)
             right = sum(r["right"] for r in items)
             row[round_] = {"auroc": value, "low": low, "high": high, "n": len(items), "right": right,
-                           "lonely": _auroc(lonely), "lonely_n": len(lonely)}
+                           "lonely": auroc(lonely_values[lonely_right], lonely_values[~lonely_right]),
+                           "lonely_n": len(lonely)}
         table.append(row)
     return table
-
-
-def _auroc(pairs: list[tuple[float, bool]]) -> float:
-    values = np.array([v for v, _ in pairs], float)
-    right = np.array([flag for _, flag in pairs], bool)
-    return auroc(values[right], values[~right]) if len(pairs) else float("nan")
 
 
 def options(args) -> dict:

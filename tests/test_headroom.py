@@ -108,3 +108,21 @@ def test_the_suite_runs_a_cell_once_skips_unrecorded_games_and_checks_its_target
     assert {p["first"] for p in found["pairs"]} == {"sft"} and found["rows"]["sft"]["accuracy"] >= 0
     why = suite.run_cell(str(tmp_path / "rule"), "chosen-v3", None)  # recorded for the rule's peer only
     assert why and "concede_to_peer" in why, why
+
+
+def test_clustered_auroc_resamples_whole_problems():
+    """The pooled AUROC is the plain one; copies of a problem's agents inside one group do not narrow the interval,
+    while the same copies counted as independent problems do; a side with no items gives NaN."""
+    from deliberation_env.analysis.metrics import auroc, clustered_auroc
+
+    rng = np.random.default_rng(5)
+    right = rng.random(40) < 0.5
+    values = right * 0.3 + rng.random(40)
+    value, low, high = clustered_auroc([([v], [r]) for v, r in zip(values, right)])
+    assert value == pytest.approx(auroc(values[right], values[~right])) and low < value < high
+    copied = [([v] * 3, [r] * 3) for v, r in zip(values, right)]
+    assert clustered_auroc(copied)[0] == pytest.approx(value)
+    assert clustered_auroc(copied)[2] - clustered_auroc(copied)[1] == pytest.approx(high - low)  # the same draws
+    alone = [([v], [r]) for v, r in zip(np.repeat(values, 3), np.repeat(right, 3))]
+    assert clustered_auroc(alone)[2] - clustered_auroc(alone)[1] < 0.75 * (high - low)
+    assert np.isnan(clustered_auroc([([0.1, 0.2], [True, True])])[0])

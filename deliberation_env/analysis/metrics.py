@@ -76,3 +76,28 @@ def hierarchical_bootstrap(cells: Sequence[np.ndarray], weights: Sequence[float]
     means = np.take_along_axis(combined, columns, 1).mean(1)
     estimate = sum(weight * cell.mean() for cell, weight in zip(scores, weights))
     return float(estimate), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def clustered_auroc(groups: Sequence[tuple[Floats, Sequence[bool]]], resamples: int = 1000,
+                    rng: np.random.Generator | None = None) -> tuple[float, float, float]:
+    """AUROC of confidences for rightness, pooled over groups, and its bootstrap 95% interval resampling whole groups.
+
+    ``groups``: one ``(confidences, right)`` pair per cluster whose items are not independent (a problem's agents
+    share its question). ``rng``: the generator the draws come from (pass one to keep several tables' draws in one
+    stream; default: seed 0). NaN where a side is empty."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    values = [np.asarray(v, float) for v, _ in groups]
+    rights = [np.asarray(r, bool) for _, r in groups]
+
+    def pooled(picks) -> float:
+        if len(picks) == 0:
+            return float("nan")
+        v, r = np.concatenate([values[k] for k in picks]), np.concatenate([rights[k] for k in picks])
+        return auroc(v[r], v[~r])
+
+    value = pooled(range(len(groups)))
+    if np.isnan(value):  # a side is empty, so in every resample too
+        return value, float("nan"), float("nan")
+    draws = [pooled(rng.integers(len(groups), size=len(groups))) for _ in range(resamples)]
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    return value, float(low), float(high)
