@@ -180,12 +180,17 @@ def options(args) -> dict:
     return {"features": args.features, **args.env_options}
 
 
-def train_and_play(dataset: ReplaySet, algo: str, seed: int, args):
+def train_policy(dataset: ReplaySet, algo: str, seed: int, args, run_dir: str | None = None):
+    """Trains ``algo`` on the set's train split (``args``: episodes, features, env_options, out); returns the policy."""
+    run_dir = run_dir or os.path.join(args.out, "runs", f"{algo}-{args.features}-seed{seed}")
     cfg = config_class("ppo" if algo == "mappo" else algo)(
-        episodes=args.episodes, seed=seed, out=os.path.join(args.out, "runs", f"{algo}-{args.features}-seed{seed}"),
-        progress=False, tensorboard=False, num_agents=3, max_rounds=dataset.card.rounds, **ALGOS[algo])
-    policy = run("ppo" if algo == "mappo" else algo, cfg,
-                 lambda: replay_env(dataset, split="train", **options(args)))
+        episodes=args.episodes, seed=seed, out=run_dir, progress=False, tensorboard=False,
+        num_agents=dataset.card.settings["num_agents"], max_rounds=dataset.card.rounds, **ALGOS[algo])
+    return run("ppo" if algo == "mappo" else algo, cfg, lambda: replay_env(dataset, split="train", **options(args)))
+
+
+def train_and_play(dataset: ReplaySet, algo: str, seed: int, args):
+    policy = train_policy(dataset, algo, seed, args)
     return play_rows(dataset, lambda s: PolicyActor(policy), [0], options(args))
 
 
