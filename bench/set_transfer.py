@@ -70,6 +70,8 @@ def main(argv=None) -> None:
         parser.error("--sets needs at least 2 replay sets")
     started = time.perf_counter()
     sets = {os.path.basename(str(name).rstrip("/")): ReplaySet(name) for name in args.sets}
+    if len(sets) < len(args.sets):
+        parser.error(f"--sets {' '.join(args.sets)}: two sets share a name; give each set once")
     check_layouts(sets, options(args))
     protocols = {name: protocol_to_beat(dataset, options(args)) for name, dataset in sets.items()}
     rows = []  # (algo, target, source, runs: seeds x problems)
