@@ -96,8 +96,10 @@ def clustered_auroc(groups: Sequence[tuple[Floats, Sequence[bool]]], resamples: 
         return auroc(v[r], v[~r])
 
     value = pooled(range(len(groups)))
-    if np.isnan(value):  # a side is empty, so in every resample too
+    if not groups:
         return value, float("nan"), float("nan")
-    draws = [pooled(rng.integers(len(groups), size=len(groups))) for _ in range(resamples)]
+    draws = np.array([pooled(rng.integers(len(groups), size=len(groups))) for _ in range(resamples)])
+    if np.isnan(draws).all():  # a side is empty in every resample
+        return value, float("nan"), float("nan")
     low, high = np.nanpercentile(draws, [2.5, 97.5])
     return value, float(low), float(high)
