@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -33,18 +31,3 @@ def policy_threads(policy: nn.Module, threads: int | None = None) -> int | None:
     if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
         return None
     return 1 if sum(p.numel() for p in policy.parameters()) < SMALL_NETWORK_PARAMETERS else None
-
-
-@contextmanager
-def torch_threads(count: int | None) -> Iterator[None]:
-    """Run the block with ``count`` torch threads (None: unchanged), then restore the previous count, so that a
-    local LLM in the same process keeps its own setting."""
-    previous = torch.get_num_threads()
-    if count is None or count == previous:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)

@@ -26,6 +26,17 @@ def converted(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("converted"))
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """Restore torch's thread count after each test: trainers run in-process call ``seed_everything``, which sets
+    one thread for the whole process, and every later test (the real-model ones most) would run on one core."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The benchmark data folder (``$DELIBERATION_ENV_DATA``, else ../shared/data beside the repo)."""

@@ -282,3 +282,20 @@ def test_models_without_a_kv_cache_argument_are_decoded_by_generate():
             return input_ids
 
     assert not can_decode(Plain()) and can_decode(Cached())
+
+
+def test_generation_runs_on_the_backends_threads_and_restores_the_callers(smol, monkeypatch):
+    """A trainer sets one torch thread for its small networks (seed_everything); the backend's generation still runs
+    on the count it was built with, and the trainer's count is back when the call returns."""
+    seen = []
+    forward = smol.model.forward
+    monkeypatch.setattr(smol.model, "forward", lambda *a, **k: seen.append(torch.get_num_threads()) or forward(*a, **k))
+    monkeypatch.setattr(smol, "num_threads", 2)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        smol.generate([_request(1, max_tokens=3)])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(previous)
+    assert seen and set(seen) == {2}

@@ -33,7 +33,8 @@ from baselines.evaluation.evaluate import (
     save_table,
 )
 from baselines.meta.policy import Policy, load_checkpoint, load_policy
-from baselines.runtime import policy_threads, torch_threads
+from baselines.runtime import policy_threads
+from deliberation_env.backends.transformers import torch_threads
 from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,

@@ -34,7 +34,8 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,21 @@ DTYPES: dict[str, Any] = {
     "float32": torch.float32,
     "auto": "auto",
 }
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch threads (None: unchanged), then restore the previous count: a backend's
+    generation and a trainer's small networks each keep their own setting in one process."""
+    previous = torch.get_num_threads()
+    if count is None or count == previous:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class TransformersBackend:
@@ -88,7 +104,9 @@ class TransformersBackend:
         the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
         first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt prefix that several
         rows of a batch share only once (see the module docstring; False gives every row its own prefill).
-        ``drop_finished``: decode with ``decode.decode``, which takes a row out of the batch once it has ended and lets
+        ``num_threads``: torch threads for loading and generating (default: torch's count when the backend is built);
+        each call sets them and restores the caller's count, so that a trainer's one thread for its small networks
+        neither slows generation nor is changed by it. ``drop_finished``: decode with ``decode.decode``, which takes a row out of the batch once it has ended and lets
         waiting requests in (False, or a model whose forward takes no KV cache or position ids, uses ``transformers``'
         ``generate`` on batches of one ``max_tokens``).
         """
@@ -104,10 +122,10 @@ class TransformersBackend:
         self.converted_cache_dir = Path(converted_cache_dir).expanduser() if converted_cache_dir else None
         self.trust_remote_code = trust_remote_code
         self.share_prefill, self.drop_finished = share_prefill, drop_finished
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        self.num_threads = num_threads or torch.get_num_threads()
         self.loaded_from = ""
-        self.tokenizer, self.model = self._load()
+        with torch_threads(self.num_threads):
+            self.tokenizer, self.model = self._load()
         self.model.to(self.device).eval()
         _contiguous_head_inputs(self.model)
         self.eos_ids = self._eos_ids()
@@ -223,6 +241,10 @@ class TransformersBackend:
         if adapter_names is not None and len(adapter_names) != len(requests):
             raise ValueError(f"adapter_names has {len(adapter_names)} entries for {len(requests)} requests")
         self.generate_calls += 1
+        with torch_threads(self.num_threads):
+            return self._answer(requests, adapter_names)
+
+    def _answer(self, requests: Sequence[Request], adapter_names: Sequence[str] | None) -> list[Completion]:
         prompts = [self.encode(request) for request in requests]
         sampler = SeededSampler(requests, self.device, record_logprobs=any(r.token_logprobs for r in requests))
         if self.drop_finished and can_decode(self.model):
