@@ -46,7 +46,7 @@ def test_the_last_code_block_is_the_program():
     assert program_of("a\n```python\nx = 1\n```\nb\n```\nprint(2)\n```\n") == "print(2)\n"
     assert program_of("no code here") is None and program_of("```python\n\n```") is None
     assert make_roles(TEAM, 3)[1].tool == "python"
-    with pytest.raises(ValueError, match=r"tool must be one of \('python',\) or None"):
+    with pytest.raises(ValueError, match=r"tool must be one of \('python', 'python_check'\) or None"):
         make_roles(["a", {"name": "b", "tool": "bash"}, "a"], 3)
 
 
@@ -108,3 +108,29 @@ def test_a_recorded_program_aided_team_replays_equal_to_live_without_running_cod
     assert replayed.backends[0].misses == 0
     kinds = {record["kind"] for record in replayed.backends[0].set.records.values()}
     assert "run" in kinds
+
+
+class Checked(CodeWriter):
+    """Solutions stating 7 whose program prints 7 (even seeds) or 8 (odd seeds)."""
+
+    def generate(self, requests):
+        return [Completion("Yes. Confidence: 0.6", 10, 4) if r.kind == "critic" else
+                Completion(f"```python\nprint({7 + r.seed % 2})\n```\nThe answer is 7", 20, 12) for r in requests]
+
+
+@pytest.mark.sandbox
+def test_a_checking_tool_runs_the_program_but_the_text_s_answer_stands():
+    team = ["plain", {"name": "checker", "tool": "python_check"}, {"name": "coder", "tool": "python"}]
+    env = deliberation_env.parallel_env(**ENV, backend=Checked(), roles=team, features="v3")
+    seen = set()
+    for seed in range(8):
+        env.reset(seed=seed)
+        plain, checker, coder = env.deliberation.agents
+        agrees = checker.tool_agrees
+        seen.add(agrees)
+        assert checker.tool_ran and checker.answer == "7" and plain.answer == "7"
+        assert not plain.tool_ran and not plain.tool_agrees
+        assert coder.tool_ran and coder.answer in ("7", "8") and coder.tool_agrees == (coder.answer == "7")
+        row = env.state().reshape(3, -1)[1]
+        assert row[features.TOOL_OFFSET:].tolist() == [1.0, float(agrees)]
+    assert seen == {True, False}  # the program printed the stated answer on some seeds, another one on others

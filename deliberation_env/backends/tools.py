@@ -1,6 +1,6 @@
 """``PythonTool``: answers the ``run`` requests of program-aided agents (``core.tools``) in the code sandbox.
 
-A role with ``tool="python"`` makes the core ask, after each of that agent's solutions that holds a code block,
+A role with ``tool="python"`` (or ``"python_check"``) makes the core ask, after each of that agent's solutions that holds a code block,
 for a ``run`` request: the program. ``PythonTool`` wraps the agents' backend; it runs those programs in the
 sandbox (``deliberation_env.sandbox``: isolated, time and memory limited; no isolation, no run) and passes every
 other request to the backend it wraps (``inner``). The completion's text is what the program printed, or "" when

@@ -39,7 +39,7 @@ from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
 from deliberation_env.core.roles import role_indices
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.core.tools import program_of, run_messages
+from deliberation_env.core.tools import ANSWERING_TOOLS, program_of, run_messages
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale, styled
 
 log = logging.getLogger(__name__)
@@ -484,7 +484,7 @@ class Deliberation:
         except Exception:  # an extractor bug must not crash the env on odd program output
             answer = None
         agent.tool_ran, agent.tool_agrees = answer is not None, answer is not None and answer == agent.answer
-        if answer is not None:
+        if answer is not None and self._tools[index] in ANSWERING_TOOLS:
             agent.answer, agent.correct = answer, self.grade(answer)
 
     def _concede(self, index: int, source: AgentState) -> None:

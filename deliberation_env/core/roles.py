@@ -10,7 +10,8 @@ temperature. ``roles=`` gives one ``Role`` per agent, in agent order:
 |               | None: the task's own prompts                                                                |
 | ``temperature``| the solve and refine temperature; None: the config's ``temperature``                       |
 | ``tool``      | ``"python"``: the agent's program is run in the sandbox and its output is its answer          |
-|               | (``core.tools``: a program-aided agent); None: no tool                                      |
+|               | (``core.tools``: a program-aided agent); ``"python_check"``: the program is run only to     |
+|               | check the text's answer (an external verifier); None: no tool                               |
 
 A role may also be written as a mapping of these fields, or as its name alone. The critic call is the same
 for every role (one judge). Each agent's backend is the env's ``backend=[...]`` list, so a team of two models
