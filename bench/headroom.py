@@ -92,6 +92,11 @@ def verifier_table(tree: dict, resamples: int = 1000, seed: int = 0) -> list[tup
             continue
         value, low, high = clustered_auroc(list(zip(values, right)), resamples, rng)
         table.append((signal, value, low, high, values.size))
+    ran = tree["rows"][:, :, names.index("tool_ran")] > 0
+    if ran.any():  # the external check where it applies: a tool's verdict is 0 where no program ran, as well
+        agrees = tree["rows"][:, :, names.index("tool_agrees")]
+        value, low, high = clustered_auroc([(a[r], c[r]) for a, c, r in zip(agrees, right, ran)], resamples, rng)
+        table.append(("tool_agrees where the tool ran", value, low, high, int(ran.sum())))
     return table
 
 

@@ -126,3 +126,21 @@ def test_clustered_auroc_resamples_whole_problems():
     alone = [([v], [r]) for v, r in zip(np.repeat(values, 3), np.repeat(right, 3))]
     assert clustered_auroc(alone)[2] - clustered_auroc(alone)[1] < 0.75 * (high - low)
     assert np.isnan(clustered_auroc([([0.1, 0.2], [True, True])])[0])
+
+
+def test_the_checking_tools_auroc_is_also_given_where_a_program_ran(bench_import):
+    """A perfect check that runs on some answers only: over every answer its verdict mixes 'no program' with 'the
+    program disagreed'; among the answers whose program ran it separates right from wrong exactly."""
+    from deliberation_env.core import features
+
+    names = features.feature_names("v3")
+    rng = np.random.default_rng(2)
+    right = rng.random((40, 3)) < 0.5
+    rows = np.zeros((40, 3, len(names)))
+    ran = rng.random((40, 3)) < 0.4
+    rows[:, :, names.index("tool_ran")] = ran
+    rows[:, :, names.index("tool_agrees")] = ran & right
+    table = {name: (value, n) for name, value, _, _, n in bench_import("headroom").verifier_table(
+        {"rows": rows, "correct0": right, "confidence": rng.random((40, 3))}, resamples=20)}
+    assert table["tool_agrees where the tool ran"] == (1.0, int(ran.sum()))
+    assert table["tool_agrees"][0] < 0.95 and table["tool_agrees"][1] == 120
