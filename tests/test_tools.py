@@ -134,3 +134,21 @@ def test_a_checking_tool_runs_the_program_but_the_text_s_answer_stands():
         row = env.state().reshape(3, -1)[1]
         assert row[features.TOOL_OFFSET:].tolist() == [1.0, float(agrees)]
     assert seen == {True, False}  # the program printed the stated answer on some seeds, another one on others
+
+
+@pytest.mark.sandbox
+def test_the_check_tool_bench_counts_what_the_programs_of_a_recorded_set_print(tmp_path, bench_import, monkeypatch):
+    BACKENDS.register("checked", Checked, overwrite=True)
+    out = tmp_path / "checked"
+    record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "1", "--rounds", "1",
+            "--backend", "checked", "--task-option", "levels=[0,1]", "--agents", "3"])
+    script = bench_import("check_tool")
+    found = script.solutions(script.ReplaySet(out), "test")
+    sevens = sum("print(7)" in s["program"] for s in found)
+    assert len(found) == 12 and 0 < sevens < 12  # both kinds of program were recorded
+    monkeypatch.setattr(script, "save_markdown", lambda stem, header, table: (tmp_path / "report.md").write_text(table))
+    script.main(["--dataset", str(out), "--splits", "test"])
+    report = (tmp_path / "report.md").read_text()
+    assert "| with a code block | 12 (100%) |" in report
+    assert f"| ... that agrees with the text's answer | {sevens} |" in report
+    assert "| whose program printed an answer | 12 |" in report
