@@ -22,7 +22,7 @@ from deliberation_env.analysis.metrics import clustered_auroc, wilson_interval
 from deliberation_env.backends.tools import OUTPUT_CHARS
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.tools import program_of
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplayError, ReplaySet, replay_env
 from deliberation_env.sandbox.runner import run_many
 
 
@@ -64,7 +64,10 @@ def main(argv=None) -> None:
     parser.add_argument("--splits", nargs="+", default=["train", "test"])
     parser.add_argument("--workers", type=int, default=2, help="sandbox processes at a time")
     args = parser.parse_args(argv)
-    dataset = ReplaySet(args.dataset)
+    try:
+        dataset = ReplaySet(args.dataset)
+    except ReplayError as error:
+        parser.error(str(error))
     found = [s for split in args.splits for s in solutions(dataset, split)]
     check(found, args.workers)
     coded = [s for s in found if s["program"] is not None]

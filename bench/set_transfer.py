@@ -26,7 +26,7 @@ from baselines.meta.evaluate import PolicyActor
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplayError, ReplaySet, replay_env
 
 
 def layout(dataset: ReplaySet, env_options: dict) -> tuple:
@@ -69,7 +69,10 @@ def main(argv=None) -> None:
     if len(args.sets) < 2:
         parser.error("--sets needs at least 2 replay sets")
     started = time.perf_counter()
-    sets = {os.path.basename(str(name).rstrip("/")): ReplaySet(name) for name in args.sets}
+    try:
+        sets = {os.path.basename(str(name).rstrip("/")): ReplaySet(name) for name in args.sets}
+    except ReplayError as error:
+        parser.error(str(error))
     if len(sets) < len(args.sets):
         parser.error(f"--sets {' '.join(args.sets)}: two sets share a name; give each set once")
     check_layouts(sets, options(args))
