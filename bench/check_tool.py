@@ -24,32 +24,36 @@ from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.tools import program_of
 from deliberation_env.replay import ReplayError, ReplaySet, replay_env
 from deliberation_env.sandbox.runner import run_many
+from deliberation_env.tasks.base import Task
 
 
-def solutions(dataset: ReplaySet, split: str) -> list[dict]:
-    """Every agent's round-0 solution of ``split`` (stream 0): problem, text, answer, correctness, the program."""
+def solutions(dataset: ReplaySet, split: str) -> tuple[Task, list[dict]]:
+    """The set's task, and every agent's round-0 solution of ``split`` (stream 0): its problem, answer,
+    correctness and program."""
     env = replay_env(dataset, split=split)
     found = []
-    for index in range(len(env.problems)):
+    for index, problem in enumerate(env.problems):
         env.reset(seed=0, options={"problem_index": index})
-        core = env.deliberation
-        for agent in core.agents:
-            found.append({"problem": f"{split}-{index}", "answer": agent.answer, "correct": bool(agent.correct),
-                          "program": program_of(agent.text), "task": core.task, "grade": core.grade})
-    return found
+        for agent in env.deliberation.agents:
+            found.append({"problem": problem, "answer": agent.answer, "correct": bool(agent.correct),
+                          "program": program_of(agent.text)})
+    return env.task, found
 
 
-def check(found: list[dict], workers: int) -> None:
-    """Adds ``printed`` (the program's answer or None) and ``agrees`` to each solution that holds a program."""
+def check(task: Task, found: list[dict], workers: int) -> None:
+    """Adds ``printed`` (the program's answer or None), ``agrees`` and ``program_correct`` to each solution that
+    holds a program."""
     coded = [s for s in found if s["program"] is not None]
     results = run_many([s["program"] for s in coded], workers=workers, timeout=5.0, memory_mb=512)
     for solution, result in zip(coded, results):
         output = result.stdout[-OUTPUT_CHARS:] if result.passed else ""
-        try:
-            printed = solution["task"].extract_answer(output) if output.strip() else None
-        except Exception:  # odd program output must not stop the count, as in the core
-            printed = None
+        try:  # odd program output must not stop the count, as in the core
+            printed = task.extract_answer(output) if output.strip() else None
+            right = printed is not None and bool(task.grade(solution["problem"], printed))
+        except Exception:
+            printed, right = None, False
         solution["printed"], solution["agrees"] = printed, printed is not None and printed == solution["answer"]
+        solution["program_correct"] = right
 
 
 def rate(items: list[dict], key: str = "correct") -> str:
@@ -68,18 +72,19 @@ def main(argv=None) -> None:
         dataset = ReplaySet(args.dataset)
     except ReplayError as error:
         parser.error(str(error))
-    found = [s for split in args.splits for s in solutions(dataset, split)]
-    check(found, args.workers)
+    found = []
+    for split in args.splits:
+        task, rows = solutions(dataset, split)
+        found += rows
+    check(task, found, args.workers)
     coded = [s for s in found if s["program"] is not None]
     printed = [s for s in coded if s["printed"] is not None]
-    for s in printed:
-        s["program_correct"] = s["grade"](s["printed"])
     agree = [s for s in printed if s["agrees"]]
     disagree = [s for s in printed if not s["agrees"]]
     silent = [s for s in found if s.get("printed") is None]
-    problems = sorted({s["problem"] for s in printed})
-    groups = [([float(s["agrees"]) for s in printed if s["problem"] == p],
-               [s["correct"] for s in printed if s["problem"] == p]) for p in problems]
+    problems = sorted({s["problem"].id for s in printed})
+    groups = [([float(s["agrees"]) for s in printed if s["problem"].id == p],
+               [s["correct"] for s in printed if s["problem"].id == p]) for p in problems]
     value, low, high = clustered_auroc(groups)
     rows = [f"| round-0 solutions | {len(found)} |",
             f"| with a code block | {len(coded)} ({len(coded) / len(found):.0%}) |",

@@ -70,11 +70,13 @@ def play_rows(dataset: ReplaySet, actor_for, seeds, options: dict | None = None,
             "shares": np.array([actions[0], actions[1], sum(v for a, v in actions.items() if a >= 2)]) / total}
 
 
-def protocol_rows(dataset: ReplaySet, seeds, split: str, options: dict) -> dict[str, dict]:
-    """The fixed protocols and the oracle on ``split`` (``single`` is read off the tree by the caller)."""
+def protocol_rows(dataset: ReplaySet, seeds, split: str, options: dict,
+                  names: tuple[str, ...] = PROTOCOL_ROWS + ("oracle",)) -> dict[str, dict]:
+    """The fixed protocols ``names`` (default: all, and the oracle) on ``split`` (``single`` is read off the tree
+    by the caller)."""
     return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s) if n == "random" else make_protocol(n),
                             seeds if name == "random" else [0], options, split=split)
-            for name in PROTOCOL_ROWS + ("oracle",) if name != "single"}
+            for name in names if name != "single"}
 
 
 def headrooms(tree: dict) -> dict[str, dict]:

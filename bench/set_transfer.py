@@ -52,7 +52,7 @@ def protocol_to_beat(dataset: ReplaySet, env_options: dict) -> tuple[str, np.nda
     """The best fixed protocol on the set's train split (``single`` aside: it needs the tree), and its test runs."""
     train = protocol_rows(dataset, [0], "train", env_options)
     best = max((name for name in PROTOCOL_ROWS if name != "single"), key=lambda n: train[n]["correct"].mean())
-    return best, protocol_rows(dataset, [0], "test", env_options)[best]["runs"]
+    return best, protocol_rows(dataset, [0], "test", env_options, names=(best,))[best]["runs"]
 
 
 def main(argv=None) -> None:

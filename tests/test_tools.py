@@ -143,7 +143,7 @@ def test_the_check_tool_bench_counts_what_the_programs_of_a_recorded_set_print(t
     record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "1", "--rounds", "1",
             "--backend", "checked", "--task-option", "levels=[0,1]", "--agents", "3"])
     script = bench_import("check_tool")
-    found = script.solutions(script.ReplaySet(out), "test")
+    _, found = script.solutions(script.ReplaySet(out), "test")
     sevens = sum("print(7)" in s["program"] for s in found)
     assert len(found) == 12 and 0 < sevens < 12  # both kinds of program were recorded
     monkeypatch.setattr(script, "save_markdown", lambda stem, header, table: (tmp_path / "report.md").write_text(table))
