@@ -37,7 +37,7 @@ from deliberation_env.replay.dataset import ReplayCard, prompt_fingerprint, read
 from deliberation_env.replay.format import problem_rows, write_chunk, write_problems
 from deliberation_env.replay.markdown import card_markdown
 from deliberation_env.replay.provenance import library_versions, sampling_of, weights_of
-from deliberation_env.replay.recorder import PartialFile, TreeRecorder
+from deliberation_env.replay.recorder import PartialFile, TreeRecorder, unrecorded
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -74,8 +74,41 @@ def parse_args(argv: list[str] | None) -> Any:
     parser.add_argument("--server-info", default=None, metavar="TEXT",
                         help="openai backend: the server's software and sampler settings, for the card's sampling "
                              "(e.g. 'llama.cpp llama-server 0c1e570, --top-k 0 --min-p 0')")
+    parser.add_argument("--check", action="store_true",
+                        help="record nothing: check that --out (a folder, a shipped set's name or hf://...) holds "
+                             "every request of every joint action sequence of its recorded problems")
     add_backend_arguments(parser, backend_default="transformers")
     return parser.parse_args(argv)
+
+
+def check_set(args: Any) -> int:
+    """``--check``: walk every recorded tree of the set on its records alone; 0 when nothing is missing."""
+    from deliberation_env.registry import TASKS
+    from deliberation_env.replay.dataset import ReplayError, ReplaySet
+
+    try:
+        dataset = ReplaySet(args.out)
+    except ReplayError as error:
+        raise UserError(f"--out: {error}") from None
+    card = dataset.card
+    with user_input("the set's task"):
+        task = TASKS.make(card.task, data_dir=args.data_dir, **card.task_kwargs)
+    complete = True
+    for split, ids in card.splits.items():
+        started = time.perf_counter()
+        missing = unrecorded(dataset, task, split)
+        if missing:
+            complete = False
+            first = missing[0]
+            print(f"{card.name} {split}: {len(missing)} requests missing, the first of problem {first['problem']} "
+                  f"(stream {first['stream']}, round {first['round']}): this version of deliberation_env asks for "
+                  "requests the set was not recorded with (it was recorded with deliberation-env "
+                  f"{card.versions.get('deliberation-env', '?')}); record the set again into a new folder",
+                  file=sys.stderr)
+        else:
+            print(f"{card.name} {split}: every request of {len(ids)} problems' trees is recorded "
+                  f"({time.perf_counter() - started:.0f} s)")
+    return 0 if complete else 1
 
 
 def selected(problems: list, args: Any) -> list[tuple[int, Any]]:
@@ -144,6 +177,8 @@ def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[s
 @report_user_errors("python -m deliberation_env.record")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check:
+        return check_set(args)
     from deliberation_env.registry import TASKS
 
     if (args.weights_file or args.server_info) and args.backend != "openai":

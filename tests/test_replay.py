@@ -15,8 +15,10 @@ from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.sim import SimBackend
 from deliberation_env.core.config import CONCEDE_TARGETS, CONFIDENCE_SOURCES
 from deliberation_env.record import main as record
+from deliberation_env.registry import TASKS
 from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, ReplaySet, replay_env, shipped
 from deliberation_env.replay.dataset import HUB_PREFIX, read_records
+from deliberation_env.replay.recorder import unrecorded
 
 SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--agents", "3"]
 
@@ -288,6 +290,40 @@ def test_every_shipped_set_replays_without_a_miss(name):
                 masks = {a: env.deliberation.action_mask(i) for i, a in enumerate(env.agents)}
                 env.step({a: int(rng.choice(np.flatnonzero(m))) for a, m in masks.items()})
         assert env.backends[0].misses == 0, (split, confidence, rule, to_peer)
+
+
+@pytest.mark.parametrize("name", shipped())
+def test_every_joint_action_sequence_of_each_shipped_set_is_recorded(name):
+    """The recorder's own walk on the records alone: every path of the card's trees (every joint action sequence,
+    concede target, stream and confidence source) on problems spread over every chunk. The whole sets take minutes:
+    ``python -m deliberation_env.record --check --out NAME`` walks them all."""
+    dataset = ReplaySet(name)
+    task = TASKS.make(dataset.card.task, **dataset.card.task_kwargs)
+    for split, ids in dataset.card.splits.items():
+        spread = set(ids[::max(1, len(ids) // 12)])
+        problems = [p for p in task.problems(split) if p.id in spread]
+        assert len(problems) == len(spread) >= min(len(ids), 12)
+        assert unrecorded(dataset, task, split, problems) == [], (name, split)
+
+
+def test_the_check_finds_what_a_set_lacks_and_says_so(sim_set, tmp_path, capsys):
+    assert record(["--check", "--out", str(sim_set)]) == 0
+    assert "test: every request of 4 problems' trees is recorded" in capsys.readouterr().out
+    dataset = ReplaySet(sim_set)
+    task = TASKS.make("arithmetic", levels=[0, 1])
+    problems = [p for p in task.problems("test") if p.id in ("arithmetic-test-1", "arithmetic-test-2")]
+    refine = next(r for r in dataset.records.values()
+                  if r["round"] == 1 and r["kind"] == "refine" and r["problem"] == "arithmetic-test-2")
+    del dataset.records[refine["key"]]
+    missing = unrecorded(dataset, task, "test", problems)
+    assert {m["problem"] for m in missing} == {"arithmetic-test-2"} and {m["round"] for m in missing} == {1}
+    assert unrecorded(dataset, task, "test", problems[:1]) == []
+    claims_more = tmp_path / "claims-more"  # a card that claims a stream its chunks do not hold
+    shutil.copytree(sim_set, claims_more)
+    card = json.loads((claims_more / "card.json").read_text())
+    (claims_more / "card.json").write_text(json.dumps({**card, "streams": 3}))
+    assert record(["--check", "--out", str(claims_more)]) == 1
+    assert "requests missing, the first of problem arithmetic-test-0 (stream 2, round 0)" in capsys.readouterr().err
 
 
 def record_smollm2(out, model, *flags: str):

@@ -33,7 +33,7 @@ from typing import Any, cast
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import mix_seed
-from deliberation_env.replay.dataset import completion_for, record_of, request_key, rich_request
+from deliberation_env.replay.dataset import ReplaySet, completion_for, record_of, request_key, rich_request
 from deliberation_env.tasks.base import Problem, Task
 
 Move = tuple[Action, int | None]
@@ -65,7 +65,7 @@ class TreeStats:
 class TreeRecorder:
     """Walks the deliberation trees of problems and records every completion (see the module docstring)."""
 
-    def __init__(self, task: Task, config: DeliberationConfig, backend: Backend, *, rounds: int,
+    def __init__(self, task: Task, config: DeliberationConfig, backend: Backend | None, *, rounds: int,
                  confidence_sources: Sequence[str], records: dict[str, dict[str, Any]] | None = None,
                  branch_limit: int | None = None, all_targets: bool = False):
         if config.streams is None:
@@ -82,6 +82,29 @@ class TreeRecorder:
                on_wave: Callable[[int, int], None] | None = None) -> TreeStats:
         """Record the trees of ``problems`` (every stream and confidence source) into ``self.records``;
         ``on_generated`` gets each batch of new records as soon as the backend answers."""
+        def fill(missing: list[tuple[Request, dict[str, Any]]]) -> bool:
+            self._generate(missing, on_generated)
+            return True
+
+        return self._walk(problems, split, fill, on_wave)
+
+    def missing(self, problems: Sequence[Problem], split: str) -> list[dict[str, Any]]:
+        """Where the records lack a request of the trees of ``problems``: the places (problem, stream, round,
+        split) of the first wave that lacks any, none when every path is recorded. Generates nothing."""
+        found: list[dict[str, Any]] = []
+
+        def stop(missing: list[tuple[Request, dict[str, Any]]]) -> bool:
+            found.extend(place for _, place in missing)
+            return False
+
+        self._walk(problems, split, stop)
+        return found
+
+    def _walk(self, problems: Sequence[Problem], split: str,
+              fill: Callable[[list[tuple[Request, dict[str, Any]]]], bool],
+              on_wave: Callable[[int, int], None] | None = None) -> TreeStats:
+        """Play every path of the trees, depth by depth; ``fill`` gets each wave's missing requests and says
+        whether they are now recorded (False ends the walk)."""
         stats = TreeStats()
         streams = range(self.configs[0].streams or 1)
         paths = [Walk(p, s, c) for p in problems for s in streams for c in self.configs]
@@ -102,7 +125,8 @@ class TreeRecorder:
                     break
                 if on_wave is not None:
                     on_wave(depth, len(missing))
-                self._generate(list(missing.values()), on_generated)
+                if not fill(list(missing.values())):
+                    return stats
                 stats.generated += len(missing)
             if depth == self.rounds:
                 break
@@ -141,6 +165,8 @@ class TreeRecorder:
         return []
 
     def _generate(self, missing: list[tuple[Request, dict[str, Any]]], on_generated) -> None:
+        if self.backend is None:
+            raise RuntimeError("this TreeRecorder has no backend: it can only look for missing records")
         rich = [rich_request(request) for request, _ in missing]
         completions: list[Completion] = self.backend.generate(rich)
         if len(completions) != len(rich):
@@ -170,6 +196,21 @@ class TreeRecorder:
         else:
             concede = [(Action.CONCEDE, None)] if core.concede_target(agent) is not None else []
         return [(Action.PERSIST, None), (Action.REFINE, None), *concede]
+
+
+def unrecorded(dataset: ReplaySet, task: Task, split: str,
+               problems: Sequence[Problem] | None = None) -> list[dict[str, Any]]:
+    """Where ``dataset`` lacks a request of the trees its card says it holds (every joint action sequence, stream
+    and confidence source of its recorded problems of ``split``, or of ``problems``): the places of the first wave
+    that lacks any, none for a whole set. ``task`` is the card's task."""
+    card = dataset.card
+    recorder = TreeRecorder(task, card.config(), None, rounds=card.rounds, confidence_sources=card.confidence_sources,
+                            records=dataset.records, branch_limit=card.branch_limit,
+                            all_targets=card.concede_targets == "all")
+    if problems is None:
+        recorded = set(card.splits.get(split, []))
+        problems = [p for p in task.problems(split) if p.id in recorded]
+    return recorder.missing(problems, split)
 
 
 def _begin(core: Deliberation, moves: Sequence[Move]) -> None:
