@@ -65,6 +65,7 @@ TASKS = Registry("task")
 BACKENDS = Registry("backend")
 
 TASKS.register("arithmetic", "deliberation_env.tasks.arithmetic:ArithmeticTask")
+TASKS.register("jigsaw", "deliberation_env.tasks.jigsaw:JigsawTask")
 TASKS.register("gsm8k", "deliberation_env.tasks.gsm8k:GSM8KTask")
 TASKS.register("math", "deliberation_env.tasks.math500:MathTask")
 TASKS.register("aime24", "deliberation_env.tasks.competition:AIME24Task")

@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from deliberation_env.chat import Message
 
@@ -130,8 +130,8 @@ class BaseTask:
 
     name: str = "task"
     prompts: Prompts
-    prompt_styles: ClassVar[Mapping[str, Prompts]] = {}
-    """Named prompt styles a role may solve with (``core.roles``; ``styled``)."""
+    prompt_styles: Mapping[str, Prompts] = {}
+    """Named prompt styles a role may solve with (``core.roles``; ``styled``); a task may set its own per instance."""
     rationale_chars: int = 400
 
     def with_prompts(self, **templates: str) -> BaseTask:
@@ -144,8 +144,12 @@ class BaseTask:
             return (Message("system", self.prompts.system), Message("user", user))
         return (Message("user", user),)
 
+    def prompt_fields(self, problem: Problem) -> dict[str, str]:
+        """The problem's fields the templates may name: ``{question}``, and whatever a task adds."""
+        return {"question": problem.question}
+
     def solve_messages(self, problem: Problem) -> tuple[Message, ...]:
-        return self._messages(self.prompts.solve.format(question=problem.question))
+        return self._messages(self.prompts.solve.format(**self.prompt_fields(problem)))
 
     def refine_messages(
         self, problem: Problem, own_solution: str, peers: Sequence[PeerView]
@@ -159,14 +163,14 @@ class BaseTask:
             for index, peer in enumerate(peers)
         )
         user = self.prompts.refine.format(
-            question=problem.question,
+            **self.prompt_fields(problem),
             own_solution=short_rationale(own_solution, 4 * self.rationale_chars),
             peer_solutions=peer_text,
         )
         return self._messages(user)
 
     def critic_messages(self, problem: Problem, solution: str) -> tuple[Message, ...]:
-        user = self.prompts.critic.format(question=problem.question, solution=solution.strip())
+        user = self.prompts.critic.format(**self.prompt_fields(problem), solution=solution.strip())
         return self._messages(user)
 
 
