@@ -24,7 +24,7 @@ from deliberation_env.analysis.metrics import hierarchical_bootstrap, paired_boo
 
 CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")
 """the training metrics kept with each chunk's result and plotted as learning curves"""
-STUDY_KEYS = ("model", "task_options", "num_agents", "max_rounds", "max_tokens", "temperature", "group_size", "joint",
+STUDY_KEYS = ("model", "task", "task_options", "env_options", "num_agents", "max_rounds", "max_tokens", "temperature", "group_size", "joint",
               "problems_per_update", "updates", "lr", "dtype", "device", "eval_problems")
 """the settings every chunk of one study shares (each cell sets its own reward and credit, each chunk its seed)"""
 MIN_RUNS = 3
@@ -168,9 +168,12 @@ def report(stem: str, order: Sequence[str], fallback: dict, notes: str = "",
                                           f", seed {seed} only")
     settings = study_settings(cells) or fallback
     options = settings["task_options"]
+    task = settings.get("task", "arithmetic")
+    prompt = (f"the {options['prompt']} prompt" if task == "arithmetic"
+              else "each agent seeing one person's count (roles view_k)")
     body = (f"Team of {settings['num_agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "
-            f"{settings['dtype']}, {settings['device']}), arithmetic levels {list(options['levels'])} with the "
-            f"{options['prompt']} prompt, debate with {settings['max_rounds']} round, {settings['max_tokens']} tokens per "
+            f"{settings['dtype']}, {settings['device']}), {task} levels {list(options['levels'])} with "
+            f"{prompt}, debate with {settings['max_rounds']} round, {settings['max_tokens']} tokens per "
             f"answer at temperature {settings['temperature']:g}, {settings['joint']}ed trees of G={settings['group_size']} "
             f"x {settings['problems_per_update']} problems per update, {settings['updates']} updates, lr {settings['lr']:g}, "
             f"grpo normalisation in every cell; {settings['eval_problems']} held-out test problems, the same for every "

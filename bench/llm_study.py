@@ -132,6 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--max-rounds", type=int, default=1)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--task", choices=("arithmetic", "jigsaw"), default="arithmetic",
+                        help="arithmetic (one agent can solve a problem alone) or jigsaw (each agent sees one "
+                             "person's count: only a team that shares them is right; deliberation_env.tasks.jigsaw)")
     parser.add_argument("--prompt", default="no_code", help="arithmetic prompt (no_code: reason in words)")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--eval-problems", type=int, default=200)
@@ -154,10 +157,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     if preset:
         parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
+    if args.task == "jigsaw" and args.agents not in (2, 3):
+        parser.error("--task jigsaw splits each problem between 2 or 3 agents: --agents 2 or 3")
     args.cells = args.cells or list(DESIGNS[args.design])
-    args.stem = args.stem or f"train_llm_{args.design}"
-    args.out = args.out or os.path.join("runs", f"bench-train-llm-{args.design}")
+    suffix = "" if args.task == "arithmetic" else f"_{args.task}"
+    args.stem = args.stem or f"train_llm_{args.design}{suffix}"
+    args.out = args.out or os.path.join("runs", f"bench-train-llm-{args.design}{suffix.replace('_', '-')}")
     return args
+
+
+def task_settings(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The task's keywords and the env options it needs: jigsaw's agents each see one person's count (a role each)."""
+    if args.task == "jigsaw":
+        views = [{"name": f"view_{k}", "prompt": f"view_{k}"} for k in range(args.agents)]
+        return {"levels": tuple(args.levels), "parts": args.agents}, {"roles": views}
+    return {"levels": tuple(args.levels), "prompt": args.prompt}, {}
 
 
 def cell_settings(cell: str) -> dict:
@@ -170,14 +184,15 @@ def cell_settings(cell: str) -> dict:
 def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfig:
     out = os.path.join(args.out, f"{cell}-seed{seed}")
     state = os.path.join(out, "state")
-    return LLMTrainConfig(
+    task_options, env_options = task_settings(args)
+    return LLMTrainConfig(task=args.task,
         model=args.model, num_agents=args.agents, group_size=args.group_size,
         problems_per_update=args.problems_per_update, updates=args.updates, max_tokens=args.max_tokens,
         max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
         device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,
-        out=out, task_options={"levels": tuple(args.levels), "prompt": args.prompt},
+        out=out, task_options=task_options,
         micro_batch=args.micro_batch, generate_batch=args.generate_batch, generate_url=list(args.generate_url),
-        env_options={"confidence": "answer_logprobs"}, weights="lora", evaluate=False, tensorboard=False, save_every=1,
+        env_options={"confidence": "answer_logprobs", **env_options}, weights="lora", evaluate=False, tensorboard=False, save_every=1,
         resume=state if os.path.isdir(state) else "", progress=True, **cell_settings(cell))
 
 

@@ -104,3 +104,19 @@ def test_team_turn_pays_the_consensus_at_every_turn_and_team_only_at_the_last():
     _, rewards, _, _, infos = env.step({name: f"The answer is {wrong}." for name in env.agents})  # refine: wrong
     assert not env.agents and rewards == {"agent_0": 0.0, "agent_1": 0.0}
     assert [(i["reward_team_turn"], i["reward_team"]) for i in infos.values()] == [(0.0, 0.0)] * 2
+
+
+def test_the_jigsaw_study_gives_each_agent_one_view_and_keeps_its_own_results(study):
+    args = study.parse_args(["--task", "jigsaw", "--levels", "0"])
+    cfg = study.cell_config(args, "own-own", 0)
+    assert args.stem == "train_llm_turns_jigsaw" and cfg.task == "jigsaw" and cfg.task_options["parts"] == 2
+    env = make_text_env(cfg)
+    observations, _ = env.reset(seed=0)
+    problem = env.deliberation.problem
+    for k, agent in enumerate(env.agents):  # each agent's prompt holds its own person's count, not the other's
+        prompt = observations[agent]["messages"][-1]["content"]
+        assert problem.metadata["private"][k] in prompt and problem.metadata["private"][1 - k] not in prompt
+    arithmetic = study.cell_config(study.parse_args([]), "own-own", 0)
+    assert arithmetic.task == "arithmetic" and "roles" not in arithmetic.env_options
+    with pytest.raises(SystemExit):
+        study.parse_args(["--task", "jigsaw", "--agents", "4"])
