@@ -8,7 +8,10 @@ how often an agent's first solution states its own count (the number its peers n
 the refine turn's accuracy where the peer's first solution stated its count and where it did not.
 
     python bench/jigsaw_band.py --backend openai --base-url http://127.0.0.1:8091/v1 --model qwen \\
-        --problems 40 --levels 0 1
+        --backend-option deadline=7200 --problems 24 --levels 0 1
+
+(Every request of a turn goes to the server at once; on a slow server the last ones wait in its queue, so raise the
+backend's deadline.)
 
 Measure before training on the task: a split team far below the full team, and a refine turn that lifts it where
 the peer wrote its count, say that the task needs cooperation and that the model can cooperate a little.
@@ -29,6 +32,7 @@ from _results import RESULTS, save_markdown, wilson_interval
 import deliberation_env
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.core.actions import Action
+from deliberation_env.tasks.base import short_rationale
 from deliberation_env.tasks.jigsaw import JIGSAW_TEAM
 from deliberation_env.vector import BatchedEnvs
 
@@ -42,6 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--problems", type=int, default=40)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="which arms to play")
     parser.add_argument("--out", default="jigsaw_band", help="results file stem under bench/results/")
     parser.add_argument("--report-only", action="store_true", help="report <out>.jsonl again (no model run)")
     add_backend_arguments(parser, backend_default="transformers")
@@ -66,7 +71,9 @@ def play(args: argparse.Namespace, backend, arm: str) -> list[dict]:
     envs = [deliberation_env.parallel_env(**options) for _ in positions]
     batch = BatchedEnvs(envs, backend=backend)
     batch.reset(seeds=[args.seed * 100_003 + p for p in positions], options=[{"problem_index": p} for p in positions])
-    first = [[(a.answer, bool(a.correct), a.text) for a in env.deliberation.agents] for env in envs]
+    seen = envs[0].task.rationale_chars  # a peer's refine prompt shows the end of a solution, this long
+    first = [[(a.answer, bool(a.correct), short_rationale(a.text, seen)) for a in env.deliberation.agents]
+             for env in envs]
     batch.step([{agent: int(Action.REFINE) for agent in env.agents} for env in envs])
     rows = []
     for env, before in zip(envs, first):
@@ -76,7 +83,7 @@ def play(args: argparse.Namespace, backend, arm: str) -> list[dict]:
                      "first_correct": [c for _, c, _ in before],
                      "refined_correct": [bool(a.correct) for a in core.agents],
                      "team_correct": bool(core.grade(core.consensus())),
-                     "states_own_count": [states_count(text, counts[k]) for k, (_, _, text) in enumerate(before)]})
+                     "shows_own_count": [states_count(text, counts[k]) for k, (_, _, text) in enumerate(before)]})
     return rows
 
 
@@ -88,18 +95,19 @@ def rate(values: Sequence[bool]) -> str:
 
 
 def report(rows: list[dict], seconds: dict[str, float]) -> str:
-    lines = ["| arm | first turn, per agent | refine turn, per agent | team after refine | first solution states "
-             "its own count |", "|---|---|---|---|---|"]
-    for arm in ARMS:
+    lines = ["| arm | first turn, per agent | refine turn, per agent | team after refine | the end of the first "
+             "solution (what peers see) shows its own count |", "|---|---|---|---|---|"]
+    for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
         lines.append(f"| {arm} | {rate([c for r in mine for c in r['first_correct']])} | "
                      f"{rate([c for r in mine for c in r['refined_correct']])} | {rate([r['team_correct'] for r in mine])} | "
-                     f"{rate([s for r in mine for s in r['states_own_count']])} |")
+                     f"{rate([s for r in mine for s in r['shows_own_count']])} |")
     split = [r for r in rows if r["arm"] == "split"]
-    told = [r["refined_correct"][k] for r in split for k in range(2) if r["states_own_count"][1 - k]]
-    untold = [r["refined_correct"][k] for r in split for k in range(2) if not r["states_own_count"][1 - k]]
-    lines += ["", "Split arm, the refine turn's accuracy by whether the peer's first solution stated the peer's count "
-              "(the number this agent lacks):", "", "| peer stated its count | refine turn accuracy |", "|---|---|",
+    told = [r["refined_correct"][k] for r in split for k in range(2) if r["shows_own_count"][1 - k]]
+    untold = [r["refined_correct"][k] for r in split for k in range(2) if not r["shows_own_count"][1 - k]]
+    lines += ["", "Split arm, the refine turn's accuracy by whether the part of the peer's first solution that the "
+              "refine prompt shows held the peer's count (the number this agent lacks):", "",
+              "| the peer showed its count | refine turn accuracy |", "|---|---|",
               f"| yes | {rate(told)} |", f"| no | {rate(untold)} |"]
     took = ", ".join(f"{arm} {s / 60:.1f} min" for arm, s in seconds.items() if np.isfinite(s))
     return "\n".join(lines) + f"\n\n{len(split)} problems per arm" + (f"; generation: {took}." if took else ".")
@@ -109,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     header = (f"Jigsaw arithmetic (2 parts, levels {args.levels}), {args.split} problems {args.start}-"
               f"{args.start + args.problems - 1}, 2 agents, one round of debate (both REFINE), temperature "
-              f"{args.temperature}, max_tokens {args.max_tokens}, model {args.model} ({args.backend}); Wilson 95% "
+              f"{args.temperature}, max_tokens {args.max_tokens}, model {args.model or '(as in the run)'} "
+              f"({args.backend}); Wilson 95% "
               f"intervals; per-problem rows in {args.out}.jsonl")
     path = os.path.join(RESULTS, f"{args.out}.jsonl")
     seconds: dict[str, float] = {}
@@ -119,12 +128,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         backend = backend_settings(args).build()
         rows = []
-        for arm in ARMS:
+        for arm in args.arms:
             began = time.perf_counter()
             rows += play(args, backend, arm)
             seconds[arm] = time.perf_counter() - began
-        with open(path, "w", encoding="utf-8") as stream:
-            stream.writelines(json.dumps(row) + "\n" for row in rows)
+            with open(path, "w", encoding="utf-8") as stream:  # after each arm: a failed second arm keeps the first
+                stream.writelines(json.dumps(row) + "\n" for row in rows)
     save_markdown(args.out, header, report(rows, seconds))
 
 

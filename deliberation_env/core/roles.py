@@ -6,8 +6,9 @@ temperature. ``roles=`` gives one ``Role`` per agent, in agent order:
 | field         | meaning                                                                                     |
 |---------------|---------------------------------------------------------------------------------------------|
 | ``name``      | the role's name; agents with the same name share a role (``features="v3"`` shows which)      |
-| ``prompt``    | a prompt style of the task for solving and refining (arithmetic: ``default``, ``no_code``);  |
-|               | None: the task's own prompts                                                                |
+| ``prompt``    | a prompt style of the task for solving and refining (arithmetic: ``default``, ``no_code``,   |
+|               | ``program``; jigsaw: ``full``, ``view_k``: what the agent knows); None: the task's own      |
+|               | prompts                                                                                     |
 | ``temperature``| the solve and refine temperature; None: the config's ``temperature``                       |
 | ``tool``      | ``"python"``: the agent's program is run in the sandbox and its output is its answer          |
 |               | (``core.tools``: a program-aided agent); ``"python_check"``: the program is run only to     |

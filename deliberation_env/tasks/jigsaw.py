@@ -54,17 +54,17 @@ def view_prompts(part: int) -> Prompts:
     return replace(
         FULL_PROMPTS,
         solve=(
-            "You are one of a team of agents; each of you knows a different part of the problem, and your "
-            "teammates will read your solution. Solve it step by step as well as you can. End with a line "
-            "'The answer is N' where N is an integer.\n\n"
+            "You are one of a team of agents. Each of you knows a different part of the problem, and your "
+            "teammates will read the end of your solution. Write down what you know; do not make up what you do "
+            "not know. Then give your best answer, ending with a line 'The answer is N' where N is an integer.\n\n"
             f"Problem: {{question}}\nWhat only you know: {{private_{part}}}"
         ),
         refine=(
             f"Problem: {{question}}\nWhat only you know: {{private_{part}}}\n\n"
             "Your previous solution:\n{own_solution}\n\n"
             "Your teammates' answers:\n{peer_solutions}\n\n"
-            "Use what your teammates know where it helps. Solve it again step by step and end with a line "
-            "'The answer is N'."
+            "Your teammates know what you do not: take the numbers you lack from their reasoning above. Solve the "
+            "problem again step by step and end with a line 'The answer is N'."
         ),
     )
 
