@@ -10,8 +10,8 @@ the refine turn's accuracy where the peer's first solution stated its count and 
     python bench/jigsaw_band.py --backend openai --base-url http://127.0.0.1:8091/v1 --model qwen \\
         --backend-option deadline=7200 --problems 24 --levels 0 1
 
-(Every request of a turn goes to the server at once; on a slow server the last ones wait in its queue, so raise the
-backend's deadline.)
+(On a server that shares its cores with other jobs one answer can take longer than the backend's default deadline of
+600 s, so raise it.)
 
 Measure before training on the task: a split team far below the full team, and a refine turn that lifts it where
 the peer wrote its count, say that the task needs cooperation and that the model can cooperate a little.
