@@ -99,10 +99,14 @@ DESIGN_NOTES = {
            "It does not test MAGRPO's cooperation claim (docs/train_llm.md).",
     "turns": "Every pair of these cells gives different advantages by construction (tests/test_llm_study_cells.py); "
              "teamturn-shared and team-shared both pay the team reward, per turn and at the end. What it cannot "
-             "show: cooperation on a task that needs it (arithmetic does not), and training noise with fewer than "
-             "3 runs per cell.",
+             "show: cooperation on a task that needs it (arithmetic does not; run it with --task jigsaw), and "
+             "training noise with fewer than 3 runs per cell.",
+    "turns-jigsaw": "Every pair of these cells gives different advantages by construction "
+                    "(tests/test_llm_study_cells.py). The task needs cooperation: each agent sees one person's count "
+                    "and a team is right only when an agent writes its count where a peer reads it and the peer uses "
+                    "it (docs/tasks.md, jigsaw). What it cannot show: training noise with fewer than 3 runs per cell.",
 }
-"""what each design can and cannot show, in its report"""
+"""what each design can and cannot show, in its report (``<design>-<task>`` for a task other than arithmetic)"""
 COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
 PRESETS = {
@@ -270,7 +274,7 @@ def check_flags(args: argparse.Namespace, settings: dict | None) -> None:
 def write_report(args: argparse.Namespace) -> None:
     fallback = {**asdict(cell_config(args, args.cells[0], 0)), "model": args.model}
     report(args.stem, [*DESIGNS[args.design], *(c for c in CELLS if c not in DESIGNS[args.design])], fallback,
-           DESIGN_NOTES[args.design], SAME_BY_CONSTRUCTION)
+           DESIGN_NOTES.get(f"{args.design}-{args.task}", DESIGN_NOTES[args.design]), SAME_BY_CONSTRUCTION)
 
 
 def main(argv=None) -> None:
