@@ -100,7 +100,7 @@ def check_set(args: Any) -> int:
         if missing:
             complete = False
             first = missing[0]
-            print(f"{card.name} {split}: {len(missing)} requests missing, the first of problem {first['problem']} "
+            print(f"{card.name} {split}: requests missing (at least {len(missing)}), the first of problem {first['problem']} "
                   f"(stream {first['stream']}, round {first['round']}): this version of deliberation_env asks for "
                   "requests the set was not recorded with (it was recorded with deliberation-env "
                   f"{card.versions.get('deliberation-env', '?')}); record the set again into a new folder",

@@ -323,7 +323,7 @@ def test_the_check_finds_what_a_set_lacks_and_says_so(sim_set, tmp_path, capsys)
     card = json.loads((claims_more / "card.json").read_text())
     (claims_more / "card.json").write_text(json.dumps({**card, "streams": 3}))
     assert record(["--check", "--out", str(claims_more)]) == 1
-    assert "requests missing, the first of problem arithmetic-test-0 (stream 2, round 0)" in capsys.readouterr().err
+    assert "the first of problem arithmetic-test-0 (stream 2, round 0)" in capsys.readouterr().err
 
 
 def record_smollm2(out, model, *flags: str):
