@@ -10,6 +10,7 @@ For each set x concede rule x feature set, on the recorded 1-round trees of ``--
 | vote / debate | every agent PERSISTs / REFINEs |
 | best protocol | the best fixed joint action, chosen on the training folds (cross-validated) |
 | policy | the best shared decentralised policy over each agent's round-0 view (peers agreeing x one signal of the feature set split at its median; under ``chosen``, also which of its two peers has the higher value), signal, threshold and policy chosen on the training folds (cross-validated; sd over fold splits) |
+| policy - protocol | what learning adds over the best fixed protocol, with a paired bootstrap 95% interval over problems (each problem's held-out outcome averaged over the fold splits, which both share) |
 | ceiling | the same with correctness as the signal (privileged: its own; under ``chosen``, also which peer is right) |
 | oracle | the best joint action per problem |
 
@@ -29,7 +30,7 @@ import numpy as np
 from _results import RESULTS
 from _trees import best_constant, feature_columns, headroom, pool_trees, tree_of
 
-from deliberation_env.analysis.metrics import clustered_auroc
+from deliberation_env.analysis.metrics import clustered_auroc, paired_bootstrap
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core import features
 from deliberation_env.replay import ReplayError, ReplaySet, shipped
@@ -60,11 +61,11 @@ def rows_of(name: str, splits: list[str], repeats: int) -> tuple[list[dict], dic
         default_tree = default_tree if default_tree is not None else tree
         joints = [tuple(j) for j in tree["joints"]]
         agents = tree["joints"].shape[1]
+        protocol = best_constant(tree, repeats=repeats)
         base = {"set": name, "rule": rule, "problems": len(tree["outcome"]),
                 "vote": tree["outcome"][:, joints.index((0,) * agents)].mean(),
                 "debate": tree["outcome"][:, joints.index((1,) * agents)].mean(),
-                "protocol": best_constant(tree, repeats=repeats)["cross_validated"],
-                "oracle": tree["outcome"].any(1).mean()}
+                "protocol": protocol["cross_validated"], "oracle": tree["outcome"].any(1).mean()}
         ceiling = headroom(tree, {"correct": tree["correct0"] * 1.0}, peer_bit=rule == "chosen",
                            repeats=repeats)["cross_validated"]
         previous = None
@@ -75,7 +76,9 @@ def rows_of(name: str, splits: list[str], repeats: int) -> tuple[list[dict], dic
                 continue
             previous = signals.keys()
             room = headroom(tree, signals, peer_bit=rule == "chosen", repeats=repeats)
+            _, low, high = paired_bootstrap(room["per_problem"], protocol["per_problem"])  # same fold splits
             rows.append({**base, "features": feature_set, "policy": room["cross_validated"], "sd": room["cv_std"],
+                         "gain_low": low, "gain_high": high,
                          "in_sample": room["in_sample"], "chosen": room["chosen"], "ceiling": ceiling})
             print(f"{name} {rule} {feature_set}: policy {room['cross_validated']:.3f}", flush=True)
     return rows, default_tree, notes
@@ -123,11 +126,12 @@ def report(args, rows: list[dict], notes: list[str], verifiers: dict, seconds: f
              f"`python bench/headroom.py --sets {' '.join(args.sets)} --splits {' '.join(args.splits)} "
              f"--repeats {args.repeats}` ({seconds / 60:.1f} min). Trees of splits {', '.join(args.splits)} pooled; "
              f"cross-validated columns: 5 folds, mean over {args.repeats} fold splits (sd: over those splits). "
-             "Policy - protocol is what learning adds over the best fixed protocol, ceiling - policy what no "
-             "observation of this feature set reaches.", "",
-             "| set | problems | rule | features | vote | debate | best protocol | policy (sd) | policy - protocol | "
-             "ceiling | oracle | signals chosen |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    csv = ["set,rule,features,problems,vote,debate,protocol,policy,sd,ceiling,oracle"]
+             "Policy - protocol is what learning adds over the best fixed protocol, with a paired bootstrap 95% "
+             "interval over problems (each problem's held-out outcomes averaged over the fold splits, which policy "
+             "and protocol share); ceiling - policy is what no observation of this feature set reaches.", "",
+             "| set | problems | rule | features | vote | debate | best protocol | policy (sd) | policy - protocol "
+             "[95%, problems] | ceiling | oracle | signals chosen |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    csv = ["set,rule,features,problems,vote,debate,protocol,policy,sd,gain_low,gain_high,ceiling,oracle"]
     for row in rows:
         head = f"| {row['set']} | {row['problems']} | {row['rule']} | {row['features']} | {row['vote']:.3f} | " \
                f"{row['debate']:.3f} | {row['protocol']:.3f} |"
@@ -135,11 +139,12 @@ def report(args, rows: list[dict], notes: list[str], verifiers: dict, seconds: f
             lines.append(f"{head} as the row above (no new varying column) | | | | |")
             continue
         chosen = ", ".join(f"{k} ({v})" for k, v in row["chosen"])
-        lines.append(f"{head} {row['policy']:.3f} ({row['sd']:.3f}) | {row['policy'] - row['protocol']:+.3f} | "
-                     f"{row['ceiling']:.3f} | {row['oracle']:.3f} | {chosen} |")
+        lines.append(f"{head} {row['policy']:.3f} ({row['sd']:.3f}) | {row['policy'] - row['protocol']:+.3f} "
+                     f"[{row['gain_low']:+.3f}, {row['gain_high']:+.3f}] | {row['ceiling']:.3f} | {row['oracle']:.3f} | "
+                     f"{chosen} |")
         csv.append(",".join(str(row[k]) if isinstance(row[k], str) else f"{row[k]:.4f}" for k in
                             ("set", "rule", "features", "problems", "vote", "debate", "protocol", "policy", "sd",
-                             "ceiling", "oracle")))
+                             "gain_low", "gain_high", "ceiling", "oracle")))
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
     lines += ["", "AUROC of each verifier signal for 'this agent's round-0 answer is right' (bootstrap 95% interval "

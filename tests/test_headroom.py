@@ -75,7 +75,13 @@ def test_the_headroom_columns_are_ordered(sim_set, trees, bench_import):
             continue
         assert row["oracle"] >= row["ceiling"] - 1e-9 and row["oracle"] >= row["in_sample"] - 1e-9
         assert 0 <= row["vote"] <= row["oracle"] and 0 <= row["debate"] <= row["oracle"]
+        assert row["gain_low"] <= row["policy"] - row["protocol"] <= row["gain_high"]
     assert {name for name, *_ in headroom.verifier_table(tree, resamples=50)} >= {"confidence"}
+    # the interval's per-problem outcomes average to the columns it brackets
+    room, protocol = trees.headroom(tree, {"none": None}, repeats=3), trees.best_constant(tree, repeats=3)
+    assert room["per_problem"].shape == protocol["per_problem"].shape == (len(tree["outcome"]),)
+    assert np.isclose(room["per_problem"].mean(), room["cross_validated"])
+    assert np.isclose(protocol["per_problem"].mean(), protocol["cross_validated"])
 
 
 def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, bench_import):
