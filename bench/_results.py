@@ -50,3 +50,28 @@ class Counting:
         self.prompt_tokens += sum(c.prompt_tokens for c in out)
         self.completion_tokens += sum(c.completion_tokens for c in out)
         return out
+
+
+def add_band_arguments(parser, out: str) -> None:
+    """The flags of a measurement on a range of problems outside any recording (team_band, jigsaw_band): the
+    range, levels and seed, the results stem ``out``, ``--report-only`` and the backend (256 tokens at 0.7)."""
+    from deliberation_env.cli import add_backend_arguments
+
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--start", type=int, default=1900, help="the first problem's position in the split")
+    parser.add_argument("--problems", type=int, default=40)
+    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=out, help="results file stem under bench/results/")
+    parser.add_argument("--report-only", action="store_true", help="report <out>.jsonl again (no model run)")
+    add_backend_arguments(parser, backend_default="transformers")
+    parser.set_defaults(max_tokens=256, temperature=0.7)
+
+
+def parse_band_arguments(parser, argv):
+    """Parse ``add_band_arguments``' flags: --model is required unless --report-only."""
+    args = parser.parse_args(argv)
+    if not args.model and not args.report_only:
+        parser.error("--model is required (a .gguf file or model folder; with --backend openai the served name), "
+                     "unless --report-only")
+    return args

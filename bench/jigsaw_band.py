@@ -27,10 +27,10 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from _results import RESULTS, save_markdown, wilson_interval
+from _results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
 
 import deliberation_env
-from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
+from deliberation_env.cli import ArgumentParser, backend_settings
 from deliberation_env.core.actions import Action
 from deliberation_env.tasks.base import short_rationale
 from deliberation_env.tasks.jigsaw import JIGSAW_TEAM
@@ -41,20 +41,9 @@ ARMS = {"split": list(JIGSAW_TEAM), "full": None}
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--start", type=int, default=1900, help="the first problem's position in the split")
-    parser.add_argument("--problems", type=int, default=40)
-    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="which arms to play")
-    parser.add_argument("--out", default="jigsaw_band", help="results file stem under bench/results/")
-    parser.add_argument("--report-only", action="store_true", help="report <out>.jsonl again (no model run)")
-    add_backend_arguments(parser, backend_default="transformers")
-    parser.set_defaults(max_tokens=256, temperature=0.7)
-    args = parser.parse_args(argv)
-    if not args.model and not args.report_only:
-        parser.error("--model is required (a .gguf file or model folder; with --backend openai the served name)")
-    return args
+    add_band_arguments(parser, "jigsaw_band")
+    return parse_band_arguments(parser, argv)
 
 
 def states_count(text: str, count: int) -> bool:

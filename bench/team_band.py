@@ -29,12 +29,12 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from _results import RESULTS, save_markdown, wilson_interval
+from _results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
 
 import deliberation_env
 from deliberation_env.analysis.metrics import bootstrap_interval
 from deliberation_env.backends.tools import PythonTool
-from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
+from deliberation_env.cli import ArgumentParser, backend_settings
 from deliberation_env.core.consensus import plurality
 from deliberation_env.vector import BatchedEnvs
 
@@ -42,19 +42,8 @@ from deliberation_env.vector import BatchedEnvs
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--roles", required=True, help="a JSON (or Python) list of roles, one per agent")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--start", type=int, default=1900, help="the first problem's position in the split")
-    parser.add_argument("--problems", type=int, default=40)
-    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="team_band", help="results file stem under bench/results/")
-    parser.add_argument("--report-only", action="store_true", help="print the report of <out>.jsonl (no model run)")
-    add_backend_arguments(parser, backend_default="transformers")
-    parser.set_defaults(max_tokens=256, temperature=0.7)
-    args = parser.parse_args(argv)
-    if not args.model and not args.report_only:
-        parser.error("--model is required (a .gguf file or model folder; with --backend openai the served name), "
-                     "unless --report-only")
+    add_band_arguments(parser, "team_band")
+    args = parse_band_arguments(parser, argv)
     try:
         args.roles = ast.literal_eval(args.roles)
     except (ValueError, SyntaxError) as error:

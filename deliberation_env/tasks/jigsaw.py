@@ -73,6 +73,14 @@ JIGSAW_TEAM = ({"name": "view_0", "prompt": "view_0"}, {"name": "view_1", "promp
 """The 2-agent team of a 2-part jigsaw (``roles=JIGSAW_TEAM``)."""
 
 
+def answer_of(extra: dict, counts: Sequence[int]) -> int:
+    """The answer to a problem with these counts and level terms (``boxes``; or ``packs`` of ``size``)."""
+    total = sum(counts)
+    if "boxes" in extra:
+        return total // extra["boxes"]
+    return total + extra.get("packs", 0) * extra.get("size", 0)
+
+
 def generate_problem(rng: random.Random, level: int, parts: int, index: int, split: str) -> Problem:
     """One seeded problem of ``level`` (0-2) split ``parts`` ways."""
     names, item = rng.sample(NAMES, parts), rng.choice(ITEMS)
@@ -80,7 +88,7 @@ def generate_problem(rng: random.Random, level: int, parts: int, index: int, spl
     total = sum(counts)
     together = f"{', '.join(names[:-1])} and {names[-1]} put their {item} together."
     if level == 0:
-        question, answer = f"{together} How many {item} do they have in all?", total
+        question = f"{together} How many {item} do they have in all?"
         extra: dict = {}
     elif level == 1:
         boxes = rng.choice([k for k in range(2, 10) if total % k == 0] or [1])
@@ -89,13 +97,14 @@ def generate_problem(rng: random.Random, level: int, parts: int, index: int, spl
             total += 1
             boxes = rng.choice([k for k in range(2, 10) if total % k == 0])
         question = f"{together} They share them equally into {boxes} boxes. How many {item} are in one box?"
-        answer, extra = total // boxes, {"boxes": boxes}
+        extra = {"boxes": boxes}
     else:
         packs, size = rng.randint(2, 6), rng.randint(2, 9)
         question = f"{together} Then they buy {packs} packs with {size} {item} in each. How many {item} do they have now?"
-        answer, extra = total + packs * size, {"packs": packs, "size": size}
+        extra = {"packs": packs, "size": size}
     private = [f"{name} has {count} {item}." for name, count in zip(names, counts)]
-    return Problem(id=f"jigsaw-{split}-{index}", question=question, answer=str(answer), difficulty=level / 2,
+    return Problem(id=f"jigsaw-{split}-{index}", question=question, answer=str(answer_of(extra, counts)),
+                   difficulty=level / 2,
                    metadata={"level": level, "counts": counts, "names": names, "item": item, "private": private,
                              **extra})
 
@@ -170,7 +179,7 @@ class JigsawTask(BaseTask):
     def distractors(self, problem: Problem, rng: random.Random) -> list[str]:
         """What an agent that used only some of the counts would answer."""
         meta, gold = problem.metadata, int(problem.answer)
-        wrong = [self._answer(meta, [c if i == k else 0 for i, c in enumerate(meta["counts"])])
+        wrong = [answer_of(meta, [c if i == k else 0 for i, c in enumerate(meta["counts"])])
                  for k in range(len(meta["counts"]))]
         unique = list(dict.fromkeys(w for w in wrong if w != gold))
         return [str(w) for w in unique] or [str(gold + 1)]
@@ -179,10 +188,3 @@ class JigsawTask(BaseTask):
         if answer is None:
             return "I do not know everyone's count, so I cannot give a final answer."
         return f"{' '.join(problem.metadata['private'])}\nThe answer is {answer}."
-
-    @staticmethod
-    def _answer(meta: dict, counts: list[int]) -> int:
-        total = sum(counts)
-        if "boxes" in meta:
-            return total // meta["boxes"]
-        return total + meta.get("packs", 0) * meta.get("size", 0)
