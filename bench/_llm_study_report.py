@@ -180,8 +180,9 @@ def report(stem: str, order: Sequence[str], fallback: dict, notes: str = "",
             "row (1 evaluation seed each):\n\n" + "\n".join(lines) + "\n\n" + (noise_note(cells) if cells else "")
             + "\n\n" + yardstick(cells, same_pairs) + notes
             + "\n\nDifferences (paired per problem; problems only: each problem's correctness averaged over the runs):\n\n"
-            + "\n".join(pairs) + f"\n\nLearning curves: {stem}.png. Chunks finished: "
-            + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + ".")
+            + "\n".join(pairs) + (f"\n\nLearning curves: {stem}.png. Chunks finished: "
+                                    + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + "." if cells
+                                    else "\n\nNo chunk has finished yet: the untrained team only."))
     if cells:
         plot_curves(cells, os.path.join(_results.RESULTS, f"{stem}.png"))
     _results.save_markdown(stem, "LLM fine-tuning, reward x credit (bench/llm_study.py)", body)

@@ -53,6 +53,9 @@ memory, estimated):
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8000 --dtype bfloat16 \\
         --enable-lora --max-lora-rank 8 --max-loras 2 --logprobs-mode processed_logprobs --gpu-memory-utilization 0.35 &
     python bench/llm_study.py --preset gpu --commit
+    python bench/llm_study.py --preset gpu --task jigsaw --commit   # the task that needs cooperation
+
+On 2 CPU cores the jigsaw study does not fit: one update of its tree took 828 s (docs/train_llm.md, limit 4).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from baselines.llm.policy import team_backends
 from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
 from deliberation_env.cli import ArgumentParser, field_docs
+from deliberation_env.tasks.jigsaw import LEVELS as JIGSAW_LEVELS
 
 REWARDS = {"team": {"team": 1.0}, "teamturn": {"team_turn": 1.0}, "own": {"correct": 1.0}}
 """team: the consensus is right, paid on the final round only; teamturn: the consensus of the answers held after each
@@ -111,14 +115,16 @@ COMMON_WEIGHTS = {"format": 0.1, "local": 0.0, "global": 0.0}
 """format shaping in every cell; the core's per-round terms off, so each cell's reward is exactly its table row."""
 PRESETS = {
     "gpu": {"model": "Qwen/Qwen2.5-1.5B-Instruct", "design": "turns", "seeds": [0, 1, 2, 3], "group_size": 4,
-            "problems_per_update": 8, "updates": 200, "max_tokens": 256, "levels": [1, 2, 3], "lr": 1e-4,
+            "problems_per_update": 8, "updates": 200, "max_tokens": 256, "lr": 1e-4,
             "eval_problems": 500, "device": "cuda", "dtype": "bfloat16", "threads": 8, "micro_batch": 16,
-            "generate_batch": 64, "generate_url": ["http://127.0.0.1:8000/v1"], "stem": "train_llm_gpu",
-            "out": os.path.join("runs", "bench-train-llm-gpu")},
+            "generate_batch": 64, "generate_url": ["http://127.0.0.1:8000/v1"]},
 }
 """Flag defaults of --preset (flags on the command line still win). gpu: the redesigned study at a budget that can
 show training noise (4 runs per cell, 200 updates of 8 problems), sampling on a local vLLM server (docs/train_llm.md:
-its command, and the time and memory expected, an estimate)."""
+its command, and the time and memory expected, an estimate). Its results go under train_llm_gpu[_<task>]."""
+LEVELS = {(None, "arithmetic"): [0, 1], (None, "jigsaw"): [0, 1], ("gpu", "arithmetic"): [1, 2, 3],
+          ("gpu", "jigsaw"): [0, 1, 2]}
+"""--levels' default per (preset, task): where one agent of the model is neither always right nor always wrong."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -135,7 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--max-rounds", type=int, default=1)
-    parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--levels", type=int, nargs="+", help="task levels (default: LEVELS, by preset and task)")
     parser.add_argument("--task", choices=("arithmetic", "jigsaw"), default="arithmetic",
                         help="arithmetic (one agent can solve a problem alone) or jigsaw (each agent sees one "
                              "person's count: only a team that shares them is right; deliberation_env.tasks.jigsaw)")
@@ -163,10 +169,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.task == "jigsaw" and args.agents not in (2, 3):
         parser.error("--task jigsaw splits each problem between 2 or 3 agents: --agents 2 or 3")
+    if args.task == "jigsaw" and not set(args.levels or ()) <= set(JIGSAW_LEVELS):
+        parser.error(f"--task jigsaw has levels {list(JIGSAW_LEVELS)}: got --levels {args.levels}")
     args.cells = args.cells or list(DESIGNS[args.design])
-    suffix = "" if args.task == "arithmetic" else f"_{args.task}"
-    args.stem = args.stem or f"train_llm_{args.design}{suffix}"
-    args.out = args.out or os.path.join("runs", f"bench-train-llm-{args.design}{suffix.replace('_', '-')}")
+    args.levels = args.levels or LEVELS[args.preset, args.task]
+    name = f"{args.preset or args.design}{'' if args.task == 'arithmetic' else '_' + args.task}"
+    args.stem = args.stem or f"train_llm_{name}"
+    args.out = args.out or os.path.join("runs", f"bench-train-llm-{name.replace('_', '-')}")
     return args
 
 

@@ -157,3 +157,14 @@ def test_the_gpu_preset_is_the_redesigned_study_at_its_budget_and_flags_still_wi
     assert cfg.generate_url == ["http://127.0.0.1:8000/v1"] and cfg.reward_weights["team_turn"] == 1.0
     assert (cfg.device, cfg.dtype, cfg.weights, cfg.seed) == ("cuda", "bfloat16", "lora", 3)
     assert study.cell_config(study.parse_args(["--preset", "gpu", "--generate-url"]), "own-own", 0).generate_url == []
+    assert args.levels == [1, 2, 3] and study.parse_args(["--preset", "gpu", "--levels", "2"]).levels == [2]
+
+
+def test_the_gpu_preset_runs_jigsaw_under_its_own_stem_on_the_tasks_levels(study):
+    args = study.parse_args(["--preset", "gpu", "--task", "jigsaw"])
+    assert (args.stem, args.levels) == ("train_llm_gpu_jigsaw", [0, 1, 2]) and args.out.endswith("bench-train-llm-gpu-jigsaw")
+    cfg = study.cell_config(args, "own-own", 0)
+    cfg.validate()
+    assert cfg.task == "jigsaw" and cfg.task_options["levels"] == (0, 1, 2) and len(cfg.env_options["roles"]) == 2
+    with pytest.raises(SystemExit):  # jigsaw has no level 3: refused at the command line, not after the model loads
+        study.parse_args(["--task", "jigsaw", "--levels", "3"])
