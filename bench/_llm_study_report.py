@@ -171,6 +171,8 @@ def report(stem: str, order: Sequence[str], fallback: dict, notes: str = "",
     task = settings.get("task", "arithmetic")
     prompt = (f"the {options['prompt']} prompt" if task == "arithmetic"
               else "each agent seeing one person's count (roles view_k)")
+    finished = (f"Learning curves: {stem}.png. Chunks finished: {', '.join(f'{c} x {len(r)}' for c, r in cells.items())}."
+                if cells else "No chunk has finished yet: the untrained team only.")
     body = (f"Team of {settings['num_agents']} x {os.path.basename(settings['model'])} (one LoRA adapter each, "
             f"{settings['dtype']}, {settings['device']}), {task} levels {list(options['levels'])} with "
             f"{prompt}, debate with {settings['max_rounds']} round, {settings['max_tokens']} tokens per "
@@ -180,9 +182,7 @@ def report(stem: str, order: Sequence[str], fallback: dict, notes: str = "",
             "row (1 evaluation seed each):\n\n" + "\n".join(lines) + "\n\n" + (noise_note(cells) if cells else "")
             + "\n\n" + yardstick(cells, same_pairs) + notes
             + "\n\nDifferences (paired per problem; problems only: each problem's correctness averaged over the runs):\n\n"
-            + "\n".join(pairs) + (f"\n\nLearning curves: {stem}.png. Chunks finished: "
-                                    + ", ".join(f"{c} x {len(r)}" for c, r in cells.items()) + "." if cells
-                                    else "\n\nNo chunk has finished yet: the untrained team only."))
+            + "\n".join(pairs) + "\n\n" + finished)
     if cells:
         plot_curves(cells, os.path.join(_results.RESULTS, f"{stem}.png"))
     _results.save_markdown(stem, "LLM fine-tuning, reward x credit (bench/llm_study.py)", body)

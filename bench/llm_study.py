@@ -169,10 +169,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.task == "jigsaw" and args.agents not in (2, 3):
         parser.error("--task jigsaw splits each problem between 2 or 3 agents: --agents 2 or 3")
-    if args.task == "jigsaw" and not set(args.levels or ()) <= set(JIGSAW_LEVELS):
+    args.levels = args.levels or LEVELS[args.preset, args.task]
+    if args.task == "jigsaw" and not set(args.levels) <= set(JIGSAW_LEVELS):
         parser.error(f"--task jigsaw has levels {list(JIGSAW_LEVELS)}: got --levels {args.levels}")
     args.cells = args.cells or list(DESIGNS[args.design])
-    args.levels = args.levels or LEVELS[args.preset, args.task]
     name = f"{args.preset or args.design}{'' if args.task == 'arithmetic' else '_' + args.task}"
     args.stem = args.stem or f"train_llm_{name}"
     args.out = args.out or os.path.join("runs", f"bench-train-llm-{name.replace('_', '-')}")
