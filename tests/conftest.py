@@ -19,6 +19,20 @@ os.environ["DELIBERATION_ENV_DATA"] = str(DATA_DIR)
 BENCH = str(Path(__file__).resolve().parents[1] / "bench")
 
 
+def worker_threads() -> int:
+    """Threads for one test process: all cores, or under ``pytest -n N`` (pytest-xdist) a worker's share of them,
+    so that N workers' torch and llama.cpp threads do not outnumber the cores (spinning threads then stall)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(worker_threads())
+
+
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory) -> str:
     """One folder of dequantised GGUF weights for the whole run: SmolLM2 is converted once per dtype, not once per
@@ -65,7 +79,7 @@ def llama_process():
     from deliberation_env.testing.llama_server import free_port, llama_command, serve
 
     port = free_port()
-    with serve(llama_command(smollm2_gguf_path(), port, threads=2, n_ctx=2048, logits_all=True), port) as server:
+    with serve(llama_command(smollm2_gguf_path(), port, threads=min(2, worker_threads()), n_ctx=2048, logits_all=True), port) as server:
         yield server
 
 

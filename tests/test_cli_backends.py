@@ -38,6 +38,9 @@ def test_train_and_evaluate_with_smollm2(tmp_path, converted):
     out = run_cli("baselines.meta.train", "--algo", "sft", "--backend", "transformers", "--model", "smollm2", *TINY_ENV,
                   "--episodes", "4", "--num-envs", "4", "--eval-problems", "1", "--eval-seeds", "1",
                   "--cache", "smol.sqlite", "--backend-option", f"converted_cache_dir={converted}",
+                  # float32: the session's other SmolLM2 tests have converted it already, and on a CPU without
+                  # bfloat16 instructions it runs twice as fast (tests/test_backend_transformers.py covers bfloat16)
+                  "--backend-option", "dtype=float32",
                   "--no-progress", "--no-tensorboard", "--out", "run", cwd=tmp_path)
     for name in ("sft", "single", "self_consistency", "debate", "threshold", "random", "oracle"):
         assert f"| {name} |" in out

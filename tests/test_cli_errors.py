@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import socket
 import subprocess
 import sys
@@ -16,6 +17,8 @@ def _closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
+
+CLOSED_PORT = "<a closed port>"  # replaced when the test runs, so that the test's id is the same in every process
 
 CASES = [
     (TRAIN, ["--task", "nope"], "unknown task 'nope'"),
@@ -32,21 +35,44 @@ CASES = [
     (EVALUATE, ["--cache", "missing-folder/cache.sqlite"], "missing-folder' does not exist"),
     (DEMO, ["--episodes", "-1"], "argument --episodes: -1 must be >= 1"),
     (DEMO, ["--agents", "0"], "must be >= 1"),
-    (DEMO, ["--backend", "openai", "--model", "m", "--base-url", _closed_port_url()], "no server answers at"),
+    (DEMO, ["--backend", "openai", "--model", "m", "--base-url", CLOSED_PORT], "no server answers at"),
     (DEMO, ["--backend-option", "no_such_knob=1"], "unexpected keyword argument 'no_such_knob'"),
     (DEMO, ["--temperature", "9"], "temperature must be a number in [0, 5]"),
 ]
 
 
+# One case per program runs as a real process (the interpreter's exit path, nothing else printed on stderr); the
+# rest call the same ``main`` in-process, which saves an interpreter start and the imports per case.
+IN_A_PROCESS = {(TRAIN, "--sft-init"), (EVALUATE, "--backend"), (DEMO, "--backend")}
+
+
+def run_program(module: str, args: list[str], cwd, capsys) -> tuple[int, str]:
+    """(exit code, stderr) of ``python -m module args`` in ``cwd``: a subprocess for the cases in IN_A_PROCESS."""
+    if (module, args[0]) in IN_A_PROCESS:
+        done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=120)
+        return done.returncode, done.stderr
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    return exited.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("module", "args", "expected"), CASES, ids=[f"{m.split('.')[-1]} {' '.join(a)}" for m, a, _ in CASES])
-def test_user_mistake_is_one_line_and_exit_code_2(tmp_path, module, args, expected):
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(lines) == 1, done.stderr[-2000:]
+def test_user_mistake_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, module, args, expected):
+    monkeypatch.chdir(tmp_path)
+    args = [_closed_port_url() if arg == CLOSED_PORT else arg for arg in args]
+    code, stderr = run_program(module, args, tmp_path, capsys)
+    lines = stderr.strip().splitlines()
+    assert code == 2, stderr[-2000:]
+    assert len(lines) == 1, stderr[-2000:]
     assert lines[0].startswith(f"python -m {module}: error: ") and expected in lines[0], lines[0]
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_each_program_has_a_case_run_as_a_real_process():
+    assert {module for module, first in IN_A_PROCESS} == {TRAIN, EVALUATE, DEMO}
+    assert all(any(m == module and a[0] == first for m, a, _ in CASES) for module, first in IN_A_PROCESS)
 
 
 def test_a_bug_past_the_user_input_boundary_keeps_its_traceback(tmp_path, monkeypatch, capsys):
