@@ -43,12 +43,12 @@ CASES = [
 
 # One case per program runs as a real process (the interpreter's exit path, nothing else printed on stderr); the
 # rest call the same ``main`` in-process, which saves an interpreter start and the imports per case.
-IN_A_PROCESS = {(TRAIN, "--sft-init"), (EVALUATE, "--backend"), (DEMO, "--backend")}
+OWN_PROCESS = {(TRAIN, "--sft-init"), (EVALUATE, "--backend"), (DEMO, "--backend")}
 
 
 def run_program(module: str, args: list[str], cwd, capsys) -> tuple[int, str]:
-    """(exit code, stderr) of ``python -m module args`` in ``cwd``: a subprocess for the cases in IN_A_PROCESS."""
-    if (module, args[0]) in IN_A_PROCESS:
+    """(exit code, stderr) of ``python -m module args`` in ``cwd``: a subprocess for the cases in OWN_PROCESS."""
+    if (module, args[0]) in OWN_PROCESS:
         done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
                               timeout=120)
         return done.returncode, done.stderr
@@ -71,8 +71,8 @@ def test_user_mistake_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys,
 
 
 def test_each_program_has_a_case_run_as_a_real_process():
-    assert {module for module, first in IN_A_PROCESS} == {TRAIN, EVALUATE, DEMO}
-    assert all(any(m == module and a[0] == first for m, a, _ in CASES) for module, first in IN_A_PROCESS)
+    assert {module for module, first in OWN_PROCESS} == {TRAIN, EVALUATE, DEMO}
+    assert all(any(m == module and a[0] == first for m, a, _ in CASES) for module, first in OWN_PROCESS)
 
 
 def test_a_bug_past_the_user_input_boundary_keeps_its_traceback(tmp_path, monkeypatch, capsys):
