@@ -63,6 +63,10 @@ def test_sb3_ppo_on_flat_observations_beats_random_legal_play(one_torch_thread, 
     set_random_seed(0)
     # The recipe of docs/interop.md: observation="flat" (a Box; masked actions become PERSIST), SuperSuit, PPO.
     env = deliberation_env.parallel_env(observation="flat")
+    # SB3 resets the vector env without a seed (SuperSuit's wrapper has no way to pass one), so each run drew its
+    # problems from fresh entropy, and one such run learned a policy worse than random. Seeded here, every later
+    # reset continues this stream: the same training run every time.
+    env.reset(seed=0)
     vec = ss.pettingzoo_env_to_vec_env_v1(env)
     vec = ss.concat_vec_envs_v1(vec, 4, num_cpus=0, base_class="stable_baselines3")
     model = PPO("MlpPolicy", vec, n_steps=64, batch_size=256, verbose=0)
