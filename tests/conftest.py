@@ -35,6 +35,12 @@ def pytest_sessionstart(session):
 
 
 @pytest.fixture(scope="session")
+def llama_threads() -> int:
+    """Threads for a llama.cpp server a test starts: 2, or this process's share of the cores if smaller."""
+    return min(2, worker_threads())
+
+
+@pytest.fixture(scope="session")
 def converted(tmp_path_factory) -> str:
     """One folder of dequantised GGUF weights for the whole run: SmolLM2 is converted once per dtype, not once per
     module (a conversion takes about 20 s)."""
@@ -73,14 +79,14 @@ def bench_import(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def llama_process():
+def llama_process(llama_threads):
     """A llama.cpp server on SmolLM2 at 127.0.0.1 for the session (with logprobs), checked with one completion."""
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: bash scripts/setup-tests.sh")
     from deliberation_env.backends.models import smollm2_gguf_path
     from deliberation_env.testing.llama_server import free_port, llama_command, serve
 
     port = free_port()
-    with serve(llama_command(smollm2_gguf_path(), port, threads=min(2, worker_threads()), n_ctx=2048, logits_all=True), port) as server:
+    with serve(llama_command(smollm2_gguf_path(), port, threads=llama_threads, n_ctx=2048, logits_all=True), port) as server:
         yield server
 
 

@@ -49,11 +49,11 @@ def test_answer_logprobs_on_a_real_server_make_no_critic_call(llama_url):
     assert all(0.0 < info["confidence"] <= 1.0 for info in answered)
 
 
-def test_server_stopped_mid_episode_names_url():
+def test_server_stopped_mid_episode_names_url(llama_threads):
     pytest.importorskip("llama_cpp.server")
     from deliberation_env.backends.models import smollm2_gguf_path
 
-    with llama_server(smollm2_gguf_path(), threads=2, n_ctx=2048, logits_all=True) as url:
+    with llama_server(smollm2_gguf_path(), threads=llama_threads, n_ctx=2048, logits_all=True) as url:
         backend = OpenAICompatibleBackend(url, model="smol", max_retries=1, backoff=0.01)
         env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=2, max_tokens=16,
                                             critic_max_tokens=8)
@@ -105,7 +105,7 @@ def test_wrong_model_and_empty_completion(faulty, monkeypatch):
     assert empty.text == "" and empty.completion_tokens == 0
 
 
-def test_a_real_server_without_logprobs_fails_at_once_and_critic_text_works(tmp_path):
+def test_a_real_server_without_logprobs_fails_at_once_and_critic_text_works(tmp_path, llama_threads):
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: bash scripts/setup-tests.sh")
     import time
 
@@ -113,7 +113,7 @@ def test_a_real_server_without_logprobs_fails_at_once_and_critic_text_works(tmp_
 
     with pytest.raises(FileNotFoundError, match="does not exist"), llama_server(tmp_path / "missing.gguf"):
         pass
-    with llama_server(smollm2_gguf_path(), threads=2, n_ctx=2048, logits_all=False) as url:
+    with llama_server(smollm2_gguf_path(), threads=llama_threads, n_ctx=2048, logits_all=False) as url:
         backend = OpenAICompatibleBackend(url, model="smol", backoff=0.5)
         start = time.monotonic()
         with pytest.raises(BackendError, match="logits_all.*critic_text"):
