@@ -196,12 +196,15 @@ def headroom(tree: dict, signals: dict[str, int | np.ndarray | None], peer_bit: 
             "per_problem": np.mean(held_outs, axis=0)}
 
 
-def best_constant(tree: dict, folds: int = 5, repeats: int = 10, seed: int = 0) -> dict[str, Any]:
+def best_constant(tree: dict, folds: int = 5, repeats: int = 10, seed: int = 0, shared: bool = False) -> dict[str, Any]:
     """The best fixed protocol of the tree: one joint action for every problem, chosen on the training folds and
     scored on the held-out fold (mean over ``repeats`` fold splits; ``per_problem``: each problem's held-out outcome
     averaged over them, on the fold splits ``headroom`` draws with the same seed); and the one chosen on all
-    problems."""
-    outcome, n = tree["outcome"], len(tree["outcome"])
+    problems. ``shared``: only the joint actions where every agent plays the same action (the vote, debate, ...)."""
+    columns = np.arange(tree["outcome"].shape[1])
+    if shared:
+        columns = columns[(tree["joints"] == tree["joints"][:, :1]).all(1)]
+    outcome, n = tree["outcome"][:, columns], len(tree["outcome"])
     rng = np.random.default_rng(seed)
     held_outs = []
     for _ in range(repeats):
@@ -209,7 +212,7 @@ def best_constant(tree: dict, folds: int = 5, repeats: int = 10, seed: int = 0) 
         for fold in np.array_split(order, folds):
             held_out[fold] = outcome[fold, int(np.argmax(outcome[np.setdiff1d(order, fold)].mean(0)))]
         held_outs.append(held_out)
-    best = int(np.argmax(outcome.mean(0)))
+    best = columns[int(np.argmax(outcome.mean(0)))]
     return {"cross_validated": float(np.mean(held_outs)), "joint": tuple(int(a) for a in tree["joints"][best]),
             "per_problem": np.mean(held_outs, axis=0)}
 

@@ -84,6 +84,18 @@ def test_the_headroom_columns_are_ordered(sim_set, trees, bench_import):
     assert np.isclose(protocol["per_problem"].mean(), protocol["cross_validated"])
 
 
+
+def test_the_shared_protocol_family_holds_only_joint_actions_every_agent_plays(trees):
+    joints = np.array(list(itertools.product(range(3), repeat=3)))
+    outcome = np.zeros((40, len(joints)), bool)
+    outcome[:, 5] = True  # an asymmetric joint action (0, 1, 2) is right everywhere
+    outcome[:30, 13] = True  # every agent REFINEs: right on 30 of 40
+    tree = {"outcome": outcome, "joints": joints, "actions": 3}
+    assert tuple(joints[5]) == (0, 1, 2) and tuple(joints[13]) == (1, 1, 1)
+    every, shared = trees.best_constant(tree, repeats=2), trees.best_constant(tree, repeats=2, shared=True)
+    assert every["joint"] == (0, 1, 2) and every["cross_validated"] == 1.0
+    assert shared["joint"] == (1, 1, 1) and shared["cross_validated"] == 0.75
+
 def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, bench_import):
     out = tmp_path / "rule-only"
     record(["--out", str(out), "--split", "test", "--problems", "0:6", "--concede-targets", "rule", *SIM_FLAGS])
