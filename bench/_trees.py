@@ -104,13 +104,18 @@ def all_policies(actions: int, states: int) -> np.ndarray:
     return np.array(list(itertools.product(range(actions), repeat=states)))
 
 
+def exhaustive(actions: int, states: int) -> bool:
+    """Whether ``best_policy`` enumerates every policy (int: numpy's 5 ** 36 wraps around to a small number)."""
+    return int(actions) ** states <= EXHAUSTIVE_LIMIT
+
+
 def best_policy(tree: dict, state: np.ndarray, states: int, on: np.ndarray) -> np.ndarray:
     """The shared policy (states -> action) with the most right consensuses on problems ``on``: exhaustive where
     the space is small (3 actions x 6 states: 729), else coordinate ascent from always-PERSIST (each state's action
     set to its best given the others, until a sweep changes nothing): a lower bound of the best."""
     actions, sub = tree["actions"], state[on]
     sub_tree = {"outcome": tree["outcome"][on], "actions": actions}
-    if actions ** states <= EXHAUSTIVE_LIMIT:
+    if exhaustive(actions, states):
         policies = all_policies(actions, states)
         return policies[int(np.argmax(policy_table(sub_tree, sub, policies).mean(1)))]
     policy = np.zeros(states, int)
@@ -140,18 +145,30 @@ def peer_values(values: np.ndarray) -> np.ndarray:
     return np.stack([values[:, [(a + k) % agents for k in range(1, agents)]] for a in range(agents)], axis=1)
 
 
-def state_of(tree: dict, signal: int | np.ndarray | None, threshold: float, peer_bit: bool) -> tuple[np.ndarray, int]:
+def role_groups(tree: dict) -> np.ndarray:
+    """Each agent's role, as a group index (0, 1, ... in order of first appearance), read off its v3 role columns;
+    one group for a team of one role."""
+    names = features.feature_names("v3")
+    roles = tree["rows"][0, :, [i for i, name in enumerate(names) if name.startswith("role_")]].T  # agents x roles
+    _, first, inverse = np.unique(roles, axis=0, return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse.reshape(-1)]
+
+
+def state_of(tree: dict, signal: int | np.ndarray | None, threshold: float, peer_bit: bool,
+             groups: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Each agent's state: peers agreeing (0..N-1) x its own value of ``signal`` split at ``threshold`` (none: one
     level), and with ``peer_bit`` whether its first peer's value is at least its second's (which peer a chosen
-    CONCEDE names). Returns (problems x agents states, number of states)."""
+    CONCEDE names); with ``groups`` (one per agent: its role), also the agent's group, so that a shared policy over
+    this state is one policy per role. Returns (problems x agents states, number of states)."""
     state, levels = tree["agree"].copy(), tree["agree"].shape[1]
-    if signal is None:
-        return state, levels
-    values = _values(tree, signal)
-    state, levels = state * 2 + split_bit(values, threshold), levels * 2
-    if peer_bit and values.shape[1] >= 3:
-        theirs = tree["peers"][:, :, :, signal] if isinstance(signal, int) else peer_values(values)
-        state, levels = state * 2 + (theirs[:, :, 0] >= theirs[:, :, 1]), levels * 2
+    if signal is not None:
+        values = _values(tree, signal)
+        state, levels = state * 2 + split_bit(values, threshold), levels * 2
+        if peer_bit and values.shape[1] >= 3:
+            theirs = tree["peers"][:, :, :, signal] if isinstance(signal, int) else peer_values(values)
+            state, levels = state * 2 + (theirs[:, :, 0] >= theirs[:, :, 1]), levels * 2
+    if groups is not None:
+        state, levels = groups[None, :] * levels + state, levels * (int(groups.max()) + 1)
     return state, levels
 
 
@@ -160,11 +177,12 @@ def _values(tree: dict, signal: int | np.ndarray) -> np.ndarray:
 
 
 def headroom(tree: dict, signals: dict[str, int | np.ndarray | None], peer_bit: bool = False, folds: int = 5,
-             repeats: int = 10, seed: int = 0) -> dict[str, Any]:
+             repeats: int = 10, seed: int = 0, groups: np.ndarray | None = None) -> dict[str, Any]:
     """The best shared decentralised policy over ``state_of``'s state, where the signal (one of ``signals``, by
     name: a column of the rows, or an array, problems x agents, of per-agent values; the agent sees its peers'
     values too; or None, agreement alone), its median threshold and the policy are chosen on the training folds and scored on the held-out fold;
-    mean and sd over ``repeats`` fold splits; the best in-sample; and the joint oracle."""
+    mean and sd over ``repeats`` fold splits; the best in-sample; and the joint oracle. ``groups``: one policy per
+    role (``role_groups``) instead of one for all."""
     n = len(tree["outcome"])
     everything = np.arange(n)
 
@@ -172,7 +190,7 @@ def headroom(tree: dict, signals: dict[str, int | np.ndarray | None], peer_bit: 
         best: tuple[float, str, np.ndarray, np.ndarray] | None = None
         for name, signal in signals.items():
             threshold = 0.0 if signal is None else float(np.median(_values(tree, signal)[on]))
-            state, levels = state_of(tree, signal, threshold, peer_bit)
+            state, levels = state_of(tree, signal, threshold, peer_bit, groups)
             policy = best_policy(tree, state, levels, on)
             right = policy_table(tree, state, policy[None])[0]
             if best is None or right[on].mean() > best[0]:

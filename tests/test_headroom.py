@@ -51,6 +51,27 @@ def test_peer_values_follow_the_cores_peer_order(trees):
         assert list(trees.peer_values(values)[0, agent]) == core.peer_indices(agent)
 
 
+
+def test_the_program_rules_concede_to_the_program_aided_agent_by_its_place_in_each_peer_order(bench_import):
+    from deliberation_env.core import features
+
+    headroom = bench_import("headroom")
+    joints = np.array(list(itertools.product(range(5), repeat=3)))
+    program, printed = 1, np.array([True, True, False, False])
+    core = Deliberation(ArithmeticTask(levels=[0]), DeliberationConfig(num_agents=3))
+    conceding = tuple(0 if a == program else 3 + core.peer_indices(a).index(program) for a in range(3))
+    outcome = np.zeros((4, len(joints)), bool)
+    column = {tuple(j): i for i, j in enumerate(joints)}
+    outcome[[0, 1], column[conceding]] = True  # printed: right only when the others concede to the program
+    outcome[2, column[(0, 0, 0)]] = True  # the vote right, debate wrong
+    outcome[3, column[(1, 1, 1)]] = True
+    rows = np.zeros((4, 3, features.num_features("v3")), np.float32)
+    rows[:, program, features.feature_names("v3").index("tool_ran")] = printed
+    rules = headroom.program_rules({"joints": joints, "outcome": outcome, "rows": rows}, program)
+    (vote_rule, else_vote), (debate_rule, else_debate) = rules.items()
+    assert "else the vote" in vote_rule and "else the debate" in debate_rule
+    assert else_vote.tolist() == [True, True, True, False] and else_debate.tolist() == [True, True, False, True]
+
 def test_the_policy_search_finds_a_planted_policy(trees):
     """An outcome table that is right only when every agent plays a planted policy of its state: exhaustive search
     (3 actions) and coordinate ascent (5 actions, 12 states) both find it."""
@@ -63,12 +84,40 @@ def test_the_policy_search_finds_a_planted_policy(trees):
         tree["outcome"][np.arange(400), trees.joint_index(tree, planted[state])] = True
         found = trees.best_policy(tree, state, states, np.arange(400))
         assert trees.policy_table(tree, state, found[None]).mean() == 1.0
-        assert (actions ** states <= trees.EXHAUSTIVE_LIMIT) == (actions == 3)
+        assert trees.exhaustive(actions, states) == (actions == 3)
 
+
+
+def test_one_policy_per_role_is_found_where_roles_play_differently(trees):
+    """Roles read off the v3 role columns; a planted policy that differs by role, found by coordinate ascent."""
+    from deliberation_env.core import features
+
+    names = features.feature_names("v3")
+    rows = np.zeros((300, 3, len(names)), np.float32)
+    for agent, role in enumerate((0, 2, 0)):
+        rows[:, agent, names.index(f"role_{role}")] = 1
+    groups = trees.role_groups({"rows": rows})
+    assert groups.tolist() == [0, 1, 0]
+    assert trees.role_groups({"rows": np.zeros_like(rows)}).tolist() == [0, 0, 0]
+    rng = np.random.default_rng(2)
+    joints = np.array(list(itertools.product(range(5), repeat=3)))
+    tree = {"agree": rng.integers(3, size=(300, 3)), "rows": rows, "actions": np.int64(5), "joints": joints,
+            "outcome": np.zeros((300, len(joints)), bool)}
+    tree["rows"][:, :, 0] = rng.random((300, 3))  # a signal, split at its median
+    tree["peers"] = np.stack([rows[:, [(a + 1) % 3, (a + 2) % 3]] for a in range(3)], axis=1)
+    state, states = trees.state_of(tree, 0, 0.5, peer_bit=True, groups=groups)
+    assert states == 3 * 2 * 2 * 2 and state.max() < states
+    planted = rng.integers(5, size=states)
+    tree["outcome"][np.arange(300), trees.joint_index(tree, planted[state])] = True
+    found = trees.best_policy(tree, state, states, np.arange(300))
+    assert trees.policy_table(tree, state, found[None]).mean() == 1.0
+    # three roles of 12 states: 5 ** 36 policies, which numpy's power once wrapped around to a small number
+    assert not trees.exhaustive(np.int64(5), 36) and trees.exhaustive(np.int64(3), 9)
 
 def test_the_headroom_columns_are_ordered(sim_set, trees, bench_import):
     headroom = bench_import("headroom")
-    rows, tree, notes = headroom.rows_of(str(sim_set.path), ["test"], repeats=2)
+    rows, tree, notes, rules = headroom.rows_of(str(sim_set.path), ["test"], repeats=2)
+    assert rules == []  # no program-aided agent in the team
     assert {row["rule"] for row in rows} == {"most_confident", "plurality", "chosen"} and not notes
     for row in rows:
         if row.get("same_as_previous"):
@@ -99,7 +148,7 @@ def test_the_shared_protocol_family_holds_only_joint_actions_every_agent_plays(t
 def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, bench_import):
     out = tmp_path / "rule-only"
     record(["--out", str(out), "--split", "test", "--problems", "0:6", "--concede-targets", "rule", *SIM_FLAGS])
-    rows, _, notes = bench_import("headroom").rows_of(str(out), ["test"], repeats=1)
+    rows, _, notes, _ = bench_import("headroom").rows_of(str(out), ["test"], repeats=1)
     assert {row["rule"] for row in rows} == {"most_confident"}
     assert any("plurality: not recorded" in note for note in notes) and any("chosen: not recorded" in n for n in notes)
 
