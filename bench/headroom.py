@@ -102,7 +102,7 @@ def rows_of(name: str, splits: list[str], repeats: int) -> tuple[list[dict], dic
             signals = signals_of(tree, feature_set)
             groups = roles if feature_set == "v3" else None  # v3 shows each agent its role: one policy per role
             if groups is not None:
-                signals = {name: column for name, column in signals.items() if not name.startswith("role_")}
+                signals = {signal: column for signal, column in signals.items() if not signal.startswith("role_")}
             elif previous is not None and signals.keys() == previous:
                 rows.append({**base, "features": feature_set, "same_as_previous": True})
                 continue
