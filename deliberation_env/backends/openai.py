@@ -48,8 +48,14 @@ from typing import Any, cast
 import httpx
 
 from deliberation_env.backends.base import Completion, Request, estimate_tokens
+from deliberation_env.backends.openai_reply import (
+    content_text,
+    every_token_logprobs,
+    first_token_logprobs,
+    token_count,
+    vllm_token_ids,
+)
 
-_MAX_TOKEN_COUNT = 10**9  # beyond any context window: a larger usage count is garbage
 _LOGPROBS_REFUSED = re.compile(r"logprob|logits_all", re.IGNORECASE)
 _LANE = 8  # connections per httpx pool: httpcore scans every connection of a pool for every queued request
 ROUTINGS = ("sticky", "least_busy")
@@ -383,21 +389,21 @@ class OpenAICompatibleBackend:
         message = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(choice, dict) or not isinstance(message, dict):
             raise _Retryable(f"malformed response (not an OpenAI chat completion): {self._snippet(raw)}")
-        text = _content_text(message.get("content"))
+        text = content_text(message.get("content"))
         if text is None:
             raise _Retryable(f"malformed response (message content is a {type(message.get('content')).__name__}, "
                              f"not text): {self._snippet(raw)}")
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        prompt = _token_count(usage.get("prompt_tokens")) or sum(estimate_tokens(m.content) for m in request.messages)
-        completion = _token_count(usage.get("completion_tokens"))
+        prompt = token_count(usage.get("prompt_tokens")) or sum(estimate_tokens(m.content) for m in request.messages)
+        completion = token_count(usage.get("completion_tokens"))
         if completion is None:
             completion = estimate_tokens(text) if text else 0
         finish, logprobs = choice.get("finish_reason"), choice.get("logprobs")
-        every = _every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None
-        ids = _token_ids(every) if self.token_ids and every is not None else None
+        every = every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None
+        ids = vllm_token_ids(every) if self.token_ids and every is not None else None
         return Completion(
             text=text, prompt_tokens=prompt, completion_tokens=completion,
-            top_logprobs=_first_token_logprobs(logprobs) if asked_logprobs and request.logprobs else None,
+            top_logprobs=first_token_logprobs(logprobs) if asked_logprobs and request.logprobs else None,
             finish_reason=finish if isinstance(finish, str) and finish else "stop",
             token_logprobs=None if ids is not None else every,  # "token_id:<id>" is no token text
             token_ids=ids,
@@ -446,79 +452,3 @@ def _retry_after(value: str | None) -> float | None:
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
     return min(max(seconds, 0.0), 3600.0) if math.isfinite(seconds) else None
-
-
-def _content_text(content: Any) -> str | None:
-    """A message's text: a string, null (""), or a list of text parts joined; None when it is none of these."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    return None
-
-
-def _token_count(value: Any) -> int | None:
-    """A usage count as a non-negative int, or None when it is missing or unusable."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return int(value) if 0 <= value <= _MAX_TOKEN_COUNT else None
-
-
-def _logprob(value: Any) -> float | None:
-    """A finite log-probability (<= 0, tiny positive rounding clipped), or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond float range
-        return None
-    if not math.isfinite(value) or value > 1e-6:
-        return None
-    return min(value, 0.0)
-
-
-def _first_token_logprobs(logprobs: Any) -> dict[str, float] | None:
-    """{token: logprob} of the first generated token (chat or legacy format); None when unusable."""
-    if not isinstance(logprobs, dict):
-        return None
-    pairs: list[tuple[Any, Any]] = []
-    content, legacy = logprobs.get("content"), logprobs.get("top_logprobs")
-    if isinstance(content, list) and content:
-        first = content[0].get("top_logprobs") if isinstance(content[0], dict) else None
-        if isinstance(first, list):
-            pairs = [(item.get("token"), item.get("logprob")) for item in first if isinstance(item, dict)]
-    elif isinstance(legacy, list) and legacy and isinstance(legacy[0], dict):
-        pairs = list(legacy[0].items())
-    result: dict[str, float] = {}
-    for token, raw in pairs:
-        value = _logprob(raw)
-        if isinstance(token, str) and value is not None:
-            if token in result:  # the same text from two token ids: P adds up
-                high, low = max(result[token], value), min(result[token], value)
-                value = high + math.log1p(math.exp(low - high))
-            result[token] = value
-    return result or None
-
-
-def _every_token_logprobs(logprobs: Any) -> tuple[tuple[str, float], ...] | None:
-    """(token, logprob) of every generated token (chat format); None when unusable."""
-    content = logprobs.get("content") if isinstance(logprobs, dict) else None
-    if not isinstance(content, list) or not content:
-        return None
-    pairs = []
-    for item in content:
-        value = _logprob(item.get("logprob")) if isinstance(item, dict) else None
-        if value is None or not isinstance(item.get("token"), str):
-            return None  # a gap would misalign the tokens with the text
-        pairs.append((item["token"], value))
-    return tuple(pairs)
-
-
-def _token_ids(pairs: tuple[tuple[str, float], ...]) -> tuple[int, ...] | None:
-    """The ids of ``(token, logprob)`` pairs whose tokens are vLLM's ``"token_id:<id>"``; None when any is not."""
-    parts = [token.partition(":") for token, _ in pairs]
-    return tuple(int(n) for _, _, n in parts) if all(p == "token_id" and n.isdigit() for p, _, n in parts) else None
