@@ -121,8 +121,8 @@ def sanitize_completion(completion: object) -> Completion:
     filters its entries).
     """
     if (type(completion) is Completion and type(completion.text) is str
-            and type(completion.prompt_tokens) is int and 0 <= completion.prompt_tokens <= _MAX_TOKENS
-            and type(completion.completion_tokens) is int and 0 <= completion.completion_tokens <= _MAX_TOKENS):
+            and type(completion.prompt_tokens) is int and 0 <= completion.prompt_tokens <= MAX_TOKEN_COUNT
+            and type(completion.completion_tokens) is int and 0 <= completion.completion_tokens <= MAX_TOKEN_COUNT):
         return completion  # the common case, kept fast
     text = getattr(completion, "text", "")
     counts = [_token_count(getattr(completion, name, 0)) for name in ("prompt_tokens", "completion_tokens")]
@@ -143,11 +143,12 @@ def sanitize_completion(completion: object) -> Completion:
 def _token_count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars included
         return 0
-    return int(min(max(float(value), 0.0), _MAX_TOKENS)) if math.isfinite(value) else 0
+    return int(min(max(float(value), 0.0), MAX_TOKEN_COUNT)) if math.isfinite(value) else 0
 
 
-_MAX_TOKENS = 10**9
+MAX_TOKEN_COUNT = 10**9
+"""Beyond any context window: a larger token count is garbage (clipped here; the OpenAI reply reader drops it)."""
 
 
-__all__ = ["Backend", "Completion", "Message", "Request", "RequestKind", "completed_before", "estimate_tokens",
+__all__ = ["MAX_TOKEN_COUNT", "Backend", "Completion", "Message", "Request", "RequestKind", "completed_before", "estimate_tokens",
            "sanitize_completion"]

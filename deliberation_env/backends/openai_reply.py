@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MAX_TOKEN_COUNT = 10**9
-"""Beyond any context window: a larger usage count is garbage."""
+from deliberation_env.backends.base import MAX_TOKEN_COUNT
 
 
 def content_text(content: Any) -> str | None:
