@@ -47,6 +47,20 @@ def converted(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("converted"))
 
 
+@pytest.fixture(scope="module")
+def lora_team(converted):
+    """A 2-agent SmolLM2 team with one LoRA adapter per agent (baselines.llm's TeamPolicy), for one test module. It
+    runs on one thread for that module only: later modules keep every core."""
+    import torch
+
+    from baselines.llm.policy import TeamPolicy
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield TeamPolicy("smollm2", 2, "lora", converted_cache_dir=converted)
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
     """Restore torch's thread count after each test: trainers run in-process call ``seed_everything``, which sets

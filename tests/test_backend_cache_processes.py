@@ -13,18 +13,9 @@ WRITER = r"""
 import sys
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.cache import CachedBackend
+from deliberation_env.testing.echo import EchoBackend
 
-
-class Echo:
-    def identity(self):
-        return "echo"
-
-    def generate(self, requests):
-        from deliberation_env.backends.base import Completion
-        return [Completion(f"answer {r.seed}", 3, 2) for r in requests]
-
-
-cache = CachedBackend(Echo(), sys.argv[1])
+cache = CachedBackend(EchoBackend(), sys.argv[1])
 start, count = int(sys.argv[2]), int(sys.argv[3])
 for seed in range(start, start + count):
     cache.generate([Request((Message("user", "q"),), "solve", 0, seed)])

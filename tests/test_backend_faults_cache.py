@@ -18,22 +18,9 @@ from hypothesis import strategies as st
 import deliberation_env
 from deliberation_env.backends.base import Completion, Message, Request
 from deliberation_env.backends.cache import READ_ONLY_ENV, CachedBackend, CacheError, CacheWriteWarning, cache_key
+from deliberation_env.testing.echo import EchoBackend
 
 SURROGATES = "lone \ud800 high, \udfff low, \ud83d\ude00 a pair"
-
-
-class Echo:
-    """Answers each request with its seed; counts the requests it was asked."""
-
-    def __init__(self, text: str = "answer", **fields):
-        self.text, self.fields, self.asked = text, fields, 0
-
-    def identity(self) -> str:
-        return "echo"
-
-    def generate(self, requests):
-        self.asked += len(requests)
-        return [Completion(f"{self.text} {r.seed}", 3, 2, **self.fields) for r in requests]
 
 
 def _requests(seeds, content: str = "q") -> list[Request]:
@@ -58,7 +45,7 @@ def test_request_key_is_the_old_formula(identity, contents, seed, temperature, m
 
 def test_lone_surrogates_are_stored_and_replayed_equal(tmp_path):
     path = tmp_path / "c.sqlite"
-    inner = Echo(SURROGATES, top_logprobs={"Yes\ud800": -0.5, "No": -1.0}, finish_reason="stop\udc80")
+    inner = EchoBackend(SURROGATES, top_logprobs={"Yes\ud800": -0.5, "No": -1.0}, finish_reason="stop\udc80")
     requests = _requests([1, 2], content="prompt with \ud800")
     fresh = CachedBackend(inner, path).generate(requests)
     replayed = CachedBackend(inner, path).generate(requests)
@@ -68,14 +55,14 @@ def test_lone_surrogates_are_stored_and_replayed_equal(tmp_path):
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     plain = tmp_path / "plain.sqlite"
-    CachedBackend(Echo(), plain).generate(_requests([1]))
+    CachedBackend(EchoBackend(), plain).generate(_requests([1]))
     with sqlite3.connect(plain) as conn:  # ordinary text stays TEXT, readable by any SQLite tool
         assert conn.execute("SELECT typeof(text), text FROM completions").fetchone() == ("text", "answer 1")
 
 
 def test_unstorable_completions_are_returned_with_a_warning(tmp_path):
     path = tmp_path / "c.sqlite"
-    huge = Echo()
+    huge = EchoBackend()
     huge.generate = lambda requests: [Completion("big", 10**30, 2) for _ in requests]  # beyond SQLite's 64-bit ints
     cache = CachedBackend(huge, path)
     with pytest.warns(CacheWriteWarning, match="c.sqlite"):
@@ -88,7 +75,7 @@ def test_garbage_file_names_the_path_and_the_fix(tmp_path):
     path.write_bytes(b"these are my notes, not a database\n" * 200)
     for read_only in (None, True):
         with pytest.raises(CacheError) as error:
-            CachedBackend(Echo(), path, read_only=read_only).generate(_requests([1]))
+            CachedBackend(EchoBackend(), path, read_only=read_only).generate(_requests([1]))
         assert str(path) in str(error.value) and "delete it" in str(error.value) and "cache=" in str(error.value)
     assert path.read_bytes().startswith(b"these are my notes")  # untouched
 
@@ -97,7 +84,7 @@ def _read_only_copy(tmp_path: Path, seeds) -> Path:
     folder = tmp_path / "ro"
     folder.mkdir()
     path = folder / "c.sqlite"
-    cache = CachedBackend(Echo(), path)
+    cache = CachedBackend(EchoBackend(), path)
     cache.generate(_requests(seeds))
     cache.close()
     path.chmod(0o444)
@@ -109,7 +96,7 @@ def test_read_only_file_replays_and_refuses_misses_before_generating(tmp_path):
     path = _read_only_copy(tmp_path, range(5))
     try:
         before = path.read_bytes()
-        inner = Echo()
+        inner = EchoBackend()
         cache = CachedBackend(inner, path, read_only=True)
         assert [c.text for c in cache.generate(_requests(range(5)))] == [f"answer {s}" for s in range(5)]
         with pytest.raises(CacheError, match="read-only") as error:
@@ -139,16 +126,11 @@ def test_read_only_by_environment_variable_replays_an_episode(tmp_path, monkeypa
 
 AUTO = r"""
 import sys
-from deliberation_env.backends.base import Completion, Message, Request
+from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.cache import CachedBackend, CacheError
+from deliberation_env.testing.echo import EchoBackend
 
-class Echo:
-    def identity(self):
-        return "echo"
-    def generate(self, requests):
-        return [Completion(f"answer {r.seed}", 3, 2) for r in requests]
-
-cache = CachedBackend(Echo(), sys.argv[1])
+cache = CachedBackend(EchoBackend(), sys.argv[1])
 print([c.text for c in cache.generate([Request((Message("user", "q"),), "solve", 0, s) for s in range(3)])])
 try:
     cache.generate([Request((Message("user", "q"),), "solve", 0, 99)])
@@ -192,8 +174,8 @@ def test_token_logprobs_replay_and_files_without_their_column(tmp_path):
                      (cache_key("echo", _requests([7])[0]),))
     conn.close()
     for read_only in (True, False):
-        assert CachedBackend(Echo(), old, read_only=read_only).generate(_requests([7]))[0].text == "old answer"
-    inner = Echo(token_logprobs=(("answer", -0.5), (" 1", -0.25)))
+        assert CachedBackend(EchoBackend(), old, read_only=read_only).generate(_requests([7]))[0].text == "old answer"
+    inner = EchoBackend(token_logprobs=(("answer", -0.5), (" 1", -0.25)))
     assert CachedBackend(inner, old).generate([request])[0].token_logprobs == (("answer", -0.5), (" 1", -0.25))
     replayed = CachedBackend(inner, old, read_only=True).generate([request])[0]
     assert replayed.cached and replayed.token_logprobs == (("answer", -0.5), (" 1", -0.25)) and inner.asked == 1

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from baselines.llm.config import LLMTrainConfig  # noqa: E402
-from baselines.llm.policy import TeamPolicy, resolve_model  # noqa: E402
+from baselines.llm.policy import resolve_model  # noqa: E402
 from baselines.llm.remote import (  # noqa: E402
     AdapterSync,
     AdapterSyncError,
@@ -30,11 +30,8 @@ MESSAGES = (Message("user", "Name a colour."),)
 
 
 @pytest.fixture(scope="module")
-def team(converted):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # for this module only: later modules keep every core
-    yield TeamPolicy("smollm2", 2, "lora", converted_cache_dir=converted)
-    torch.set_num_threads(threads)
+def team(lora_team):
+    return lora_team
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from baselines.llm.config import LLMTrainConfig, make_text_env  # noqa: E402
-from baselines.llm.policy import TeamPolicy, team_backends  # noqa: E402
+from baselines.llm.policy import team_backends  # noqa: E402
 from baselines.llm.rollout import advantages, collect  # noqa: E402
 from baselines.llm.train_llm import make_optimizer, policy_update  # noqa: E402
 from deliberation_env.backends.base import Message, Request  # noqa: E402
@@ -30,11 +30,8 @@ CONFIG = LLMTrainConfig(num_agents=2, group_size=3, max_tokens=8, meta_policy="s
 
 
 @pytest.fixture(scope="module")
-def team(converted):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # for this module only: later modules keep every core
-    yield TeamPolicy("smollm2", 2, "lora", converted_cache_dir=converted)
-    torch.set_num_threads(threads)
+def team(lora_team):
+    return lora_team
 
 
 @pytest.fixture(scope="module")
