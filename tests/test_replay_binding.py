@@ -115,7 +115,7 @@ def test_train_and_test_envs_on_one_replay_backend_play_interleaved_without_miss
     assert {p.id for p in train.problems}.isdisjoint(p.id for p in test.problems)
     rng = np.random.default_rng(0)
     episodes = 0
-    for index in range(len(test.problems)):
+    for index in range(max(len(train.problems), len(test.problems))):
         playing = [env for env in (train, test) if index < len(env.problems)]
         observations = [env.reset(seed=index, options={"problem_index": index})[0] for env in playing]
         while any(env.agents for env in playing):  # one round of each env in turn
