@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import time
 
 import replay_benchmark
 from _results import RESULTS
@@ -65,38 +64,38 @@ def read_cell(folder: str) -> dict | None:
     return {"meta": meta, "rows": rows, "pairs": pairs}
 
 
-def leaderboard(args, skipped: list[str], seconds: float) -> str:
+def leaderboard(args, skipped: list[str]) -> str:
+    found_cells = {(name, cell): read_cell(os.path.join(args.out, os.path.basename(name.rstrip("/")), cell))
+                   for name in args.sets for cell in args.cells}
+    found_cells = {key: found for key, found in found_cells.items() if found is not None}
+    minutes = sum(found["meta"].get("seconds", 0.0) for found in found_cells.values()) / 60
     lines = ["# Suite leaderboard", "",
              f"`python bench/replay_suite.py --sets {' '.join(args.sets)} --cells {' '.join(args.cells)} --seeds "
-             f"{' '.join(map(str, args.seeds))} --episodes {args.episodes}`"
-             + (f" ({seconds / 60:.1f} min for the cells run now)" if seconds else ""), "",
+             f"{' '.join(map(str, args.seeds))} --episodes {args.episodes}` ({len(found_cells)} cells, "
+             f"{minutes:.1f} min of runs in all; a resumed run skips the cells already there)", "",
              "Each learned row: accuracy on the test split, and its difference to the best protocol (chosen on the "
              "train split) with a hierarchical 95% interval resampling training seeds and, paired, problems. "
              f"Targets: a learned row at least {TARGET:+.2f} above the best protocol with its interval above 0; "
              "a pair of trainers whose difference interval excludes 0.", ""]
     targets = {"margin": [], "pair": []}
-    for name in args.sets:
-        for cell in args.cells:
-            found = read_cell(os.path.join(args.out, os.path.basename(name.rstrip("/")), cell))
-            if found is None:
-                continue
-            meta, rows = found["meta"], found["rows"]
-            best = meta["best_protocol"]
-            learned = sorted((r for n, r in rows.items() if n in meta["algos"]), key=lambda r: -r["accuracy"])
-            lines += [f"## {meta['dataset']}, {cell} ({meta['test_problems']} test problems, seeds {meta['seeds']})",
-                      "", f"Best protocol (on train): {best}, {rows[best]['accuracy']:.3f} on test; oracle "
-                      f"{rows['oracle']['accuracy']:.3f}.", "",
-                      "| trainer | accuracy | vs best protocol [95%] | tokens / problem |", "|---|---|---|---|"]
-            for row in learned:
-                lines.append(f"| {row['name']} | {row['accuracy']:.3f} | {row['diff']:+.3f} [{row['diff_low']:+.3f}, "
-                             f"{row['diff_high']:+.3f}] | {row['tokens']:,.0f} |")
-                if row["diff"] >= TARGET and row["diff_low"] > 0:
-                    targets["margin"].append(f"{meta['dataset']} {cell}: {row['name']} {row['diff']:+.3f}")
-            separated = [p for p in found["pairs"] if p["diff_low"] > 0 or p["diff_high"] < 0]
-            for p in separated:
-                targets["pair"].append(f"{meta['dataset']} {cell}: {p['first']} - {p['second']} {p['diff']:+.3f} "
-                                       f"[{p['diff_low']:+.3f}, {p['diff_high']:+.3f}]")
-            lines.append("")
+    for (_, cell), found in found_cells.items():
+        meta, rows = found["meta"], found["rows"]
+        best = meta["best_protocol"]
+        learned = sorted((r for n, r in rows.items() if n in meta["algos"]), key=lambda r: -r["accuracy"])
+        lines += [f"## {meta['dataset']}, {cell} ({meta['test_problems']} test problems, seeds {meta['seeds']})",
+                  "", f"Best protocol (on train): {best}, {rows[best]['accuracy']:.3f} on test; oracle "
+                  f"{rows['oracle']['accuracy']:.3f}.", "",
+                  "| trainer | accuracy | vs best protocol [95%] | tokens / problem |", "|---|---|---|---|"]
+        for row in learned:
+            lines.append(f"| {row['name']} | {row['accuracy']:.3f} | {row['diff']:+.3f} [{row['diff_low']:+.3f}, "
+                         f"{row['diff_high']:+.3f}] | {row['tokens']:,.0f} |")
+            if row["diff"] >= TARGET and row["diff_low"] > 0:
+                targets["margin"].append(f"{meta['dataset']} {cell}: {row['name']} {row['diff']:+.3f}")
+        separated = [p for p in found["pairs"] if p["diff_low"] > 0 or p["diff_high"] < 0]
+        for p in separated:
+            targets["pair"].append(f"{meta['dataset']} {cell}: {p['first']} - {p['second']} {p['diff']:+.3f} "
+                                   f"[{p['diff_low']:+.3f}, {p['diff_high']:+.3f}]")
+        lines.append("")
     lines += ["## Targets", "",
               f"- A learned row {TARGET:+.2f} or more above the best protocol, interval above 0: "
               + ("; ".join(targets["margin"]) if targets["margin"] else "not reached in any cell"),
@@ -119,14 +118,14 @@ def main(argv=None) -> None:
     parser.add_argument("--force", action="store_true", help="run cells again that are already there")
     parser.add_argument("--report-only", action="store_true", help="write the leaderboard of the cells there")
     args = parser.parse_args(argv)
-    started, skipped = time.perf_counter(), []
+    skipped = []
     if not args.report_only:
         for name in args.sets:
             for cell in args.cells:
                 why = run_cell(name, cell, args)
                 if why:
                     skipped.append(f"{name}, {cell}: {why}")
-    text = leaderboard(args, skipped, 0.0 if args.report_only else time.perf_counter() - started)
+    text = leaderboard(args, skipped)
     with open(f"{args.out}.md", "w", encoding="utf-8") as f:
         f.write(text)
     print(text)

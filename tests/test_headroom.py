@@ -4,6 +4,7 @@ policy, and the headroom table's columns keep their order (oracle >= ceiling, po
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -168,8 +169,10 @@ def test_the_suite_runs_a_cell_once_skips_unrecorded_games_and_checks_its_target
     assert "## Targets" in board and "| sft |" in board and "| grpo |" in board
     cell = out / "all" / "chosen-v3" / "meta.json"
     made = cell.stat().st_mtime_ns
-    suite.main(flags)  # a cell already there is not run again
+    suite.main(flags)  # a cell already there is not run again, and the board still counts its run time
     assert cell.stat().st_mtime_ns == made
+    seconds = json.loads(cell.read_text())["seconds"]
+    assert f"(1 cells, {seconds / 60:.1f} min of runs in all;" in (tmp_path / "suite.md").read_text()
     found = suite.read_cell(str(out / "all" / "chosen-v3"))
     assert found["meta"]["env_options"] == {"concede_to_peer": True} and found["meta"]["features"] == "v3"
     assert {p["first"] for p in found["pairs"]} == {"sft"} and found["rows"]["sft"]["accuracy"] >= 0
