@@ -65,10 +65,9 @@ def read_cell(folder: str) -> dict | None:
 
 
 def leaderboard(args, skipped: list[str]) -> str:
-    found_cells = {(name, cell): read_cell(os.path.join(args.out, os.path.basename(name.rstrip("/")), cell))
-                   for name in args.sets for cell in args.cells}
-    found_cells = {key: found for key, found in found_cells.items() if found is not None}
-    minutes = sum(found["meta"].get("seconds", 0.0) for found in found_cells.values()) / 60
+    found_cells = [(cell, found) for name in args.sets for cell in args.cells
+                   if (found := read_cell(os.path.join(args.out, os.path.basename(name.rstrip("/")), cell)))]
+    minutes = sum(found["meta"].get("seconds", 0.0) for _, found in found_cells) / 60
     lines = ["# Suite leaderboard", "",
              f"`python bench/replay_suite.py --sets {' '.join(args.sets)} --cells {' '.join(args.cells)} --seeds "
              f"{' '.join(map(str, args.seeds))} --episodes {args.episodes}` ({len(found_cells)} cells, "
@@ -78,7 +77,7 @@ def leaderboard(args, skipped: list[str]) -> str:
              f"Targets: a learned row at least {TARGET:+.2f} above the best protocol with its interval above 0; "
              "a pair of trainers whose difference interval excludes 0.", ""]
     targets = {"margin": [], "pair": []}
-    for (_, cell), found in found_cells.items():
+    for cell, found in found_cells:
         meta, rows = found["meta"], found["rows"]
         best = meta["best_protocol"]
         learned = sorted((r for n, r in rows.items() if n in meta["algos"]), key=lambda r: -r["accuracy"])
