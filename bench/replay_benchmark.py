@@ -1,9 +1,9 @@
 """Every trainer and protocol on a replay set: real behaviour at sim speed, and what is learnable in it.
 
-    python bench/replay_benchmark.py --dataset qwen05-arith            # train split -> test split, 3 seeds
+    python bench/replay_benchmark.py --dataset qwen05-arith-v2         # train split -> test split, 3 seeds
     python bench/replay_benchmark.py --dataset PATH --episodes 2000 --seeds 0 1 --algos softrankpo grpo
-    python bench/replay_benchmark.py --dataset qwen05-arith --features v2     # trainers see features="v2"
-    python bench/replay_benchmark.py --dataset qwen05-arith --algos           # no trainers: protocols + analysis
+    python bench/replay_benchmark.py --dataset qwen05-arith-v2 --features v2  # trainers see features="v2"
+    python bench/replay_benchmark.py --dataset qwen05-arith-v2 --algos        # no trainers: protocols + analysis
 
 Trains each algorithm (SoftRankPO, GRPO, PPO, MAPPO, MAGRPO, SFT) on the set's train split with each seed and
 plays it on every test problem, beside the fixed protocols and the oracle. Reports, per row:
@@ -198,7 +198,7 @@ def train_and_play(dataset: ReplaySet, algo: str, seed: int, args):
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="qwen05-arith")
+    parser.add_argument("--dataset", default="qwen05-arith-v2")
     parser.add_argument("--algos", nargs="*", default=list(ALGOS), choices=list(ALGOS),
                         help="trainers to run (none: the protocols and the analysis of the tree only)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
