@@ -1,6 +1,6 @@
 """Does the calibrated sim rank the protocols like the real model? With and without correlated agents.
 
-    python bench/calibration_replay.py [--replay qwen05-arith] [--seeds 8 16 32]
+    python bench/calibration_replay.py [--replay qwen05-arith-v2] [--seeds 8 16 32]
 
 Runs ``python -m deliberation_env.analysis.calibrate --replay`` (fit on the set's train split, compare on
 its test split) for each number of episode seeds per problem and each variant of the fit: everything
@@ -30,7 +30,7 @@ VARIANTS = {
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--replay", default="qwen05-arith", help="replay set name or folder")
+    parser.add_argument("--replay", default="qwen05-arith-v2", help="replay set name or folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[8, 16, 32], help="episode seeds per problem")
     args = parser.parse_args()
     rows, result = [], {}

@@ -1,7 +1,7 @@
 """What the checking tool (``tool="python_check"``) would say of a recorded set's round-0 solutions.
 
     python bench/check_tool.py --dataset qwen05-arith-v2                  # both splits
-    python bench/check_tool.py --dataset qwen05-arith --splits test
+    python bench/check_tool.py --dataset qwen05-team-arith --splits test
 
 For every agent's round-0 solution (stream 0) that holds a code block, its last block runs in the sandbox as
 ``backends.tools.PythonTool`` runs it, the task's extractor reads the printed answer, and the report compares it

@@ -7,7 +7,7 @@ actions drawn from the action masks until the episode ends (3 agents, 3 rounds f
 A "round" is one ``step`` call; resets are included in the time. Prints rounds/s of each
 and their ratio (ours / rps_v2).
 
-    python bench/env_throughput.py --replay qwen05-arith
+    python bench/env_throughput.py --replay qwen05-arith-v2
 
 With ``--replay SET`` it measures instead the replay env of that set against the sim env with the same settings
 (task, levels, agents, rounds, tokens), side by side: the target is replay >= 1.0x the sim.

@@ -1,9 +1,9 @@
 """Every trainer and protocol on a replay set: real behaviour at sim speed, and what is learnable in it.
 
-    python bench/replay_benchmark.py --dataset qwen05-arith            # train split -> test split, 3 seeds
+    python bench/replay_benchmark.py --dataset qwen05-arith-v2         # train split -> test split, 3 seeds
     python bench/replay_benchmark.py --dataset PATH --episodes 2000 --seeds 0 1 --algos softrankpo grpo
-    python bench/replay_benchmark.py --dataset qwen05-arith --features v2     # trainers see features="v2"
-    python bench/replay_benchmark.py --dataset qwen05-arith --algos           # no trainers: protocols + analysis
+    python bench/replay_benchmark.py --dataset qwen05-arith-v2 --features v2  # trainers see features="v2"
+    python bench/replay_benchmark.py --dataset qwen05-arith-v2 --algos        # no trainers: protocols + analysis
 
 Trains each algorithm (SoftRankPO, GRPO, PPO, MAPPO, MAGRPO, SFT) on the set's train split with each seed and
 plays it on every test problem, beside the fixed protocols and the oracle. Reports, per row:
@@ -29,6 +29,7 @@ Writes <out>/table.md, table.csv, accuracy_vs_tokens.png and report.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -198,7 +199,7 @@ def train_and_play(dataset: ReplaySet, algo: str, seed: int, args):
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="qwen05-arith")
+    parser.add_argument("--dataset", default="qwen05-arith-v2")
     parser.add_argument("--algos", nargs="*", default=list(ALGOS), choices=list(ALGOS),
                         help="trainers to run (none: the protocols and the analysis of the tree only)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -210,6 +211,9 @@ def main(argv=None) -> None:
     parser.add_argument("--tree-splits", nargs="+", default=["train", "test"],
                         help="splits whose recorded trees the headroom and the signal table pool")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the AUROC intervals")
+    parser.add_argument("--analysis", action=argparse.BooleanOptionalAction, default=True,
+                        help="the tree's headroom and signal tables after the rows (slow: minutes; the 3-action game "
+                             "only; bench/headroom.py has them for every set and game)")
     parser.add_argument("--out", default="bench/results/replay_benchmark")
     args = parser.parse_args(argv)
     dataset = ReplaySet(args.dataset)
@@ -229,9 +233,11 @@ def main(argv=None) -> None:
         print(f"{algo}: {rows[algo]['correct'].mean():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
     # The protocol to beat is chosen on the train split: choosing it by its test accuracy favours it on test.
     best = max(PROTOCOL_ROWS, key=lambda n: train_rows[n]["correct"].mean())
-    tree = pool_trees([trees[split] for split in args.tree_splits])
-    signals = signal_table(agent_signals(dataset, args.tree_splits), args.resamples)
-    report(args, dataset, rows, best, tree, headrooms(tree), signals, time.perf_counter() - started)
+    tree = rooms = signals = None
+    if args.analysis and not args.env_options.get("concede_to_peer"):  # its tables read the 27 joint actions
+        tree = pool_trees([trees[split] for split in args.tree_splits])
+        rooms, signals = headrooms(tree), signal_table(agent_signals(dataset, args.tree_splits), args.resamples)
+    report(args, dataset, rows, best, tree, rooms, signals, time.perf_counter() - started)
 
 
 def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
@@ -243,7 +249,8 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
              f"{args.features}). {seconds / 60:.1f} min.", "",
              f"`python bench/replay_benchmark.py --dataset {args.dataset} --seeds {' '.join(map(str, args.seeds))} "
              f"--episodes {args.episodes} --features {args.features} --algos {' '.join(args.algos)}"
-             + "".join(f" --env-option {k}={v}" for k, v in args.env_options.items()) + "`", "",
+             + "".join(f" --env-option {k}={v}" for k, v in args.env_options.items())
+             + ("" if args.analysis else " --no-analysis") + "`", "",
              f"The protocol to beat, {best}, is the best fixed protocol on the train split. Intervals are 95% "
              "hierarchical bootstraps: each resample draws the training seeds of every learned row and one set of "
              "test problems shared by the rows (paired), so they include training noise as well as the problems'.",
@@ -278,8 +285,18 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
                 cell = f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
                 cells.append(f"**{cell}**" if low > 0 or high < 0 else cell)
             lines.append(f"| {first} | " + " | ".join(cells) + " |")
+    if tree is not None:
+        lines += analysis_lines(args, tree, rooms, signals)
+    else:
+        lines += ["", "The recorded tree's headroom and signals: `python bench/headroom.py` (this run: --no-analysis, "
+                  "or a chosen-target game)."]
+    write_outputs(args, dataset, rows, best, lines, csv_rows, pair_rows, plot_rows, seconds)
+
+
+def analysis_lines(args, tree: dict, rooms: dict, signals: list) -> list[str]:
+    """The report's tables of the recorded tree: oracle, flips, concede targets, headroom and signal AUROCs."""
     flips, concede, room = tree["flips"], tree["concede"], rooms["agreement x confidence"]
-    lines += ["", f"What the recorded tree says of the {len(tree['outcome'])} problems of splits "
+    lines = ["", f"What the recorded tree says of the {len(tree['outcome'])} problems of splits "
               f"{', '.join(args.tree_splits)} (stream 0):", "",
               "| quantity | value |", "|---|---|",
               f"| joint oracle (best of 27 joint actions per problem) | {room['joint_oracle']:.3f} |",
@@ -310,6 +327,10 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
         cells = [f"{c['auroc']:.3f} [{c['low']:.2f}, {c['high']:.2f}] | {c['n']} ({c['right']}) | "
                  f"{c['lonely']:.3f} ({c['lonely_n']})" for c in (row[r] for r in rounds)]
         lines.append(f"| {row['signal']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_outputs(args, dataset, rows, best, lines, csv_rows, pair_rows, plot_rows, seconds) -> None:
     text = "\n".join(lines) + "\n"
     meta = {"dataset": dataset.card.name, "best_protocol": best, "seeds": args.seeds, "episodes": args.episodes,
             "features": args.features, "env_options": args.env_options, "algos": args.algos,

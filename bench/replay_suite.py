@@ -7,7 +7,8 @@
 ``CELLS`` are the games a set can be played as: the 3-action game with features v1 and v2, and chosen concede
 targets (``concede_to_peer=True``) with features v3. A cell a set was not recorded for is skipped with its reason.
 Each cell runs ``bench/replay_benchmark.py`` (every trainer, each seed, trained on the train split, played on the
-test split; the best protocol chosen on train; hierarchical intervals over training seeds and problems) into
+test split; the best protocol chosen on train; hierarchical intervals over training seeds and problems; without its
+tree analysis, which bench/headroom.py gives for every set and game) into
 ``<out>/<set>/<cell>/``; a cell already there is not run again (``--force`` runs it again). The leaderboard,
 ``<out>.md``, gives per cell each row's difference to the best protocol and checks two targets: a learned row
 at least 5 points above the best protocol with its interval above 0, and a pair of trainers whose difference
@@ -44,7 +45,7 @@ def run_cell(name: str, cell: str, args) -> str | None:
     if os.path.isfile(os.path.join(out, "meta.json")) and not args.force:
         return None
     argv = ["--dataset", name, "--features", options["features"], "--seeds", *map(str, args.seeds),
-            "--episodes", str(args.episodes), "--resamples", str(args.resamples), "--out", out, "--algos", *args.algos]
+            "--episodes", str(args.episodes), "--resamples", str(args.resamples), "--out", out, "--no-analysis", "--algos", *args.algos]
     for key, value in options.items():
         if key != "features":
             argv += ["--env-option", f"{key}={value}"]

@@ -1,11 +1,14 @@
 """Transfer: does a meta-policy trained on a replay set score live what the replay predicts?
 
-    python bench/replay_transfer.py --dataset qwen05-arith --problems 400:500 --cache runs/transfer.sqlite \
-        --backend transformers --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+    python bench/replay_transfer.py --dataset qwen05-arith-v2 --features v2 --problems 400:500 \
+        --cache runs/transfer.sqlite --backend transformers \
+        --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dtype bfloat16 --batch-size 16 --backend-option converted_cache_dir=~/.cache/deliberation-models/converted
 
-1. Trains SoftRankPO on the set's train split, as bench/replay_benchmark.py does (kept in <runs>/policy: a rerun
-   loads it).
+(or ``--backend openai`` against the server the set was recorded through: bench/record/llama_server.sh.)
+
+1. Trains SoftRankPO on the set's train split with the observation of --features, as bench/replay_benchmark.py
+   does (kept in <runs>/policy-<features>: a rerun loads it).
 2. Plays it and the fixed protocols (--protocols) on the set's test split: the replay's prediction.
 3. Plays the same policy and protocols live, through the backend flags, on test problems outside the recording
    (--problems START:END), with the recording's own settings (task, prompts, agents, rounds, confidence, tokens,
@@ -35,6 +38,7 @@ from baselines.meta.policy import load_policy
 from baselines.meta.train import config_class, run
 from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
+from deliberation_env.core.features import FEATURE_SETS
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplaySet, env_settings, replay_env
@@ -49,16 +53,16 @@ def problem_range(text: str) -> range:
 
 def trained_policy(dataset: ReplaySet, args):
     """SoftRankPO trained on the train split (bench/replay_benchmark.py's settings), or the one a run saved."""
-    out = os.path.join(args.runs, "policy")
+    out = os.path.join(args.runs, f"policy-{args.features}")
     path = os.path.join(out, "policy.pt")
     if not os.path.exists(path):
         cfg = config_class("softrankpo")(episodes=args.episodes, seed=args.seed, out=out, progress=False,
                                           tensorboard=False, num_agents=dataset.card.settings["num_agents"],
                                           max_rounds=dataset.card.rounds)
-        run("softrankpo", cfg, lambda: replay_env(dataset, split="train"))
+        run("softrankpo", cfg, lambda: replay_env(dataset, split="train", features=args.features))
         with open(os.path.join(out, "trained_on.json"), "w", encoding="utf-8") as f:
             json.dump({"train_problems": len(dataset.card.splits["train"]), "episodes": args.episodes,
-                       "seed": args.seed}, f)
+                       "seed": args.seed, "features": args.features}, f)
     with open(os.path.join(out, "trained_on.json"), encoding="utf-8") as f:  # the set may have grown since
         return load_policy(path), json.load(f)
 
@@ -67,9 +71,11 @@ def actor_for(name: str, policy):
     return PolicyActor(policy) if name == "softrankpo" else make_protocol(name)
 
 
-def play_live(dataset: ReplaySet, backend, name: str, policy, problems: range, wave: int) -> dict[str, np.ndarray]:
+def play_live(dataset: ReplaySet, backend, name: str, policy, problems: range, wave: int,
+              features: str) -> dict[str, np.ndarray]:
     """Per live problem: correct (0/1) and tokens."""
-    envs = [DeliberationEnv(backend=backend, split="test", **env_settings(dataset.card)) for _ in range(wave)]
+    envs = [DeliberationEnv(backend=backend, split="test", features=features, **env_settings(dataset.card))
+            for _ in range(wave)]
     episodes = [(episode_seed(0, i), i) for i in problems]
     records = play_episodes(envs, [actor_for(name, policy) for _ in envs], episodes, progress=f"live {name}")
     return {"correct": np.array([float(r["correct"]) for r in records]),
@@ -83,7 +89,9 @@ def wilson_text(correct: np.ndarray) -> str:
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="qwen05-arith")
+    parser.add_argument("--dataset", default="qwen05-arith-v2")
+    parser.add_argument("--features", default="v1", choices=list(FEATURE_SETS),
+                        help="the observation feature set SoftRankPO learns from (env option features=)")
     parser.add_argument("--problems", type=problem_range, default=problem_range("400:500"),
                         help="live test problems START:END (problem_index), outside the recording")
     parser.add_argument("--protocols", nargs="*", default=["self_consistency", "debate"],
@@ -108,8 +116,9 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     policy, trained_on = trained_policy(dataset, args)
     names = ["softrankpo", *args.protocols]
-    replayed = {name: play_rows(dataset, lambda s, n=name: actor_for(n, policy), [0]) for name in names}
-    live = {name: play_live(dataset, backend, name, policy, args.problems, args.wave) for name in names}
+    options = {"features": args.features}
+    replayed = {name: play_rows(dataset, lambda s, n=name: actor_for(n, policy), [0], options) for name in names}
+    live = {name: play_live(dataset, backend, name, policy, args.problems, args.wave, args.features) for name in names}
     report(args, dataset, trained_on, names, replayed, live, backend.identity(), time.perf_counter() - started)
     close = getattr(backend, "close", None)
     if callable(close):
@@ -120,7 +129,7 @@ def report(args, dataset, trained_on: dict, names, replayed, live, live_model: s
     best = max(args.protocols, key=lambda n: replayed[n]["correct"].mean()) if args.protocols else None
     lines = [f"# Replay to live transfer: {dataset.card.name}", "", f"`{command_line()}`", "",
              f"SoftRankPO trained on the replay set's train split ({trained_on['train_problems']} problems, "
-             f"{trained_on['episodes']} episodes, seed {trained_on['seed']}); replayed on its {len(dataset.card.splits['test'])} "
+             f"{trained_on['episodes']} episodes, seed {trained_on['seed']}, features {trained_on.get('features', 'v1')}); replayed on its {len(dataset.card.splits['test'])} "
              f"recorded test problems, live on test problems {args.problems.start}-{args.problems.stop - 1} "
              f"({len(args.problems)}, outside the recording). Recorded with {dataset.card.model}; live on {live_model}. Accuracy with Wilson 95% "
              f"intervals; the live difference to {best} (the best protocol on the replay) is paired over the live "

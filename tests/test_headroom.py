@@ -168,6 +168,8 @@ def test_the_suite_runs_a_cell_once_skips_unrecorded_games_and_checks_its_target
     assert "## all, chosen-v3" in board and "## all, v1" not in board
     assert "## Targets" in board and "| sft |" in board and "| grpo |" in board
     cell = out / "all" / "chosen-v3" / "meta.json"
+    cell_report = (out / "all" / "chosen-v3" / "report.md").read_text()  # the tree's tables are headroom.py's
+    assert "--no-analysis" in cell_report and "What the recorded tree says" not in cell_report
     made = cell.stat().st_mtime_ns
     suite.main(flags)  # a cell already there is not run again, and the board still counts its run time
     assert cell.stat().st_mtime_ns == made

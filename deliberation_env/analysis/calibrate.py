@@ -2,7 +2,7 @@
 
     python -m deliberation_env.analysis.calibrate TRACES.jsonl -o sim.json
     python -m deliberation_env.analysis.calibrate --compare HELDOUT.jsonl sim.json -o report/
-    python -m deliberation_env.analysis.calibrate --replay qwen05-arith -o report/
+    python -m deliberation_env.analysis.calibrate --replay qwen05-arith-v2 -o report/
 
 The fit reads events off the traces (``deliberation_env.analysis.traces``) and estimates every
 ``SimConfig`` knob by the sim's own model of that event (``docs/calibration.md`` lists each

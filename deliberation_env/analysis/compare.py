@@ -1,6 +1,6 @@
 """Does a sim calibrated on a replay set rank the protocols like the real model? Train, fit, compare.
 
-    python -m deliberation_env.analysis.calibrate --replay qwen05-arith -o report/
+    python -m deliberation_env.analysis.calibrate --replay qwen05-arith-v2 -o report/
 
 ``replay_comparison(dataset, outdir)``:
 

@@ -1,8 +1,8 @@
 """``backend="replay"``: answer an env's requests from a recorded replay set (see ``replay.dataset``).
 
     env = deliberation_env.parallel_env(task="arithmetic", backend="replay",
-                                        backend_kwargs={"dataset": "qwen05-arith"}, ...)
-    env = deliberation_env.replay_env("qwen05-arith", split="test")   # the set's own settings
+                                        backend_kwargs={"dataset": "qwen05-arith-v2"}, ...)
+    env = deliberation_env.replay_env("qwen05-arith-v2", split="test")   # the set's own settings
 
 At env construction the backend checks that the set serves every episode the env can play
 (``ReplaySet.check``): the same task prompts and problems, the same request-determining settings, no
