@@ -77,6 +77,7 @@ def leaderboard(args, skipped: list[str]) -> str:
              "train split) with a hierarchical 95% interval resampling training seeds and, paired, problems. "
              f"Targets: a learned row at least {TARGET:+.2f} above the best protocol with its interval above 0; "
              "a pair of trainers whose difference interval excludes 0.", ""]
+    lines += overview(found_cells)
     targets = {"margin": [], "pair": []}
     for cell, found in found_cells:
         meta, rows = found["meta"], found["rows"]
@@ -104,6 +105,30 @@ def leaderboard(args, skipped: list[str]) -> str:
     if skipped:
         lines += ["", "Not run:", *[f"- {line}" for line in skipped]]
     return "\n".join(lines) + "\n"
+
+
+def overview(found_cells: list[tuple[str, dict]]) -> list[str]:
+    """One table of every cell: each trainer's difference to the cell's best protocol, in points, with its interval
+    (bold where the interval is above 0), and the best protocol and oracle of each cell."""
+    if not found_cells:
+        return []
+    algos = list(dict.fromkeys(a for _, found in found_cells for a in found["meta"]["algos"]))
+    heads = [f"{found['meta']['dataset']}, {cell}" for cell, found in found_cells]
+    lines = ["Every cell at a glance: each trainer's difference to the cell's best protocol in points, 95% interval "
+             "(**bold**: above 0).", "", "| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    for algo in algos:
+        cells = []
+        for _, found in found_cells:
+            row = found["rows"].get(algo)
+            text = "-" if row is None else (f"{100 * row['diff']:+.1f} [{100 * row['diff_low']:+.1f}, "
+                                             f"{100 * row['diff_high']:+.1f}]")
+            cells.append(f"**{text}**" if row is not None and row["diff_low"] > 0 else text)
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    best = [f"{f['meta']['best_protocol']} {f['rows'][f['meta']['best_protocol']]['accuracy']:.3f}"
+            for _, f in found_cells]
+    lines += ["| best protocol (on train), test accuracy | " + " | ".join(best) + " |",
+              "| oracle | " + " | ".join(f"{f['rows']['oracle']['accuracy']:.3f}" for _, f in found_cells) + " |", ""]
+    return lines
 
 
 def main(argv=None) -> None:

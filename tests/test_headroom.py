@@ -167,6 +167,8 @@ def test_the_suite_runs_a_cell_once_skips_unrecorded_games_and_checks_its_target
     board = (tmp_path / "suite.md").read_text()
     assert "## all, chosen-v3" in board and "## all, v1" not in board
     assert "## Targets" in board and "| sft |" in board and "| grpo |" in board
+    glance = board.split("Every cell at a glance")[1].split("##")[0]  # one column per cell, one row per trainer
+    assert "| | all, chosen-v3 |" in glance and glance.count("| sft |") == 1 and "| oracle |" in glance
     cell = out / "all" / "chosen-v3" / "meta.json"
     cell_report = (out / "all" / "chosen-v3" / "report.md").read_text()  # the tree's tables are headroom.py's
     assert "--no-analysis" in cell_report and "What the recorded tree says" not in cell_report
