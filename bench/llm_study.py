@@ -39,8 +39,8 @@ background across sessions:
     python bench/llm_study.py --model ... --report-only      # the report from the chunks finished so far
 
 ``--workers 2`` trains two cells' chunks side by side (after the untrained team's evaluation), one process and
-``--threads / 2`` torch threads each: on 2 CPU cores that got through about 1.4x the updates per hour of one chunk
-on two threads, since sampling a small model does not keep two threads busy.
+``--threads / 2`` torch threads each: for machines with more cores than one chunk's sampling keeps busy (the CPU
+study here ran so on 2 cores; whether that beats one chunk on two threads was not measured side by side).
 
 The report (results/<--stem>.md, .png; bench/_llm_study_report.py): per cell, each training run's held-out accuracy,
 the spread between runs (their sd), and 95% intervals over the evaluation problems only (Wilson) and over training
@@ -162,8 +162,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1,
                         help="chunks trained side by side: one process per share of --cells, each with --threads / "
-                             "--workers torch threads, its output in <--out>/worker<k>.log (on 2 CPU cores, 2 "
-                             "workers of one thread trained about 1.4x as many updates per hour as one of two)")
+                             "--workers torch threads, its output in <--out>/worker<k>.log")
     parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation-models/converted"))
     docs = field_docs(LLMTrainConfig)
     parser.add_argument("--micro-batch", type=int, default=4, help=docs["micro_batch"])
