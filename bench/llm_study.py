@@ -38,6 +38,11 @@ background across sessions:
     python bench/llm_study.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
     python bench/llm_study.py --model ... --report-only      # the report from the chunks finished so far
 
+``--workers 2`` trains two cells' chunks side by side (after the untrained team's evaluation), one process and
+``--threads / 2`` torch threads each: for CPUs with more cores than one chunk keeps busy (the CPU study here ran so
+on 2 cores, not measured side by side against one worker there). Not for one GPU: on an H200 two chunks side by side
+took 38 s per update each against 15-20 s in series (results/gpu_workers_h200.md).
+
 The report (results/<--stem>.md, .png; bench/_llm_study_report.py): per cell, each training run's held-out accuracy,
 the spread between runs (their sd), and 95% intervals over the evaluation problems only (Wilson) and over training
 runs and problems (a hierarchical bootstrap: runs resampled within each cell, then the problems, paired across
@@ -61,14 +66,18 @@ On 2 CPU cores the jigsaw study does not fit: one update of its tree took 828 s 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
+import multiprocessing
 import os
 import subprocess
 import time
+import traceback
 from dataclasses import asdict
 
+import _results
 from _llm_study_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 
 from baselines.llm.config import LLMTrainConfig
@@ -152,6 +161,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="chunks trained side by side: one process per share of --cells, each with --threads / "
+                             "--workers torch threads, its output in <--out>/worker<k>.log")
     parser.add_argument("--converted-cache-dir", default=os.path.expanduser("~/.cache/deliberation-models/converted"))
     docs = field_docs(LLMTrainConfig)
     parser.add_argument("--micro-batch", type=int, default=4, help=docs["micro_batch"])
@@ -173,6 +185,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.task == "jigsaw" and not set(args.levels) <= set(JIGSAW_LEVELS):
         parser.error(f"--task jigsaw has levels {list(JIGSAW_LEVELS)}: got --levels {args.levels}")
     args.cells = args.cells or list(DESIGNS[args.design])
+    if not 1 <= args.workers <= len(args.cells):
+        parser.error(f"--workers {args.workers}: give 1 to {len(args.cells)}, one worker per cell at most "
+                     f"({len(args.cells)} cells: {' '.join(args.cells)})")
     name = f"{args.preset or args.design}{'' if args.task == 'arithmetic' else '_' + args.task}"
     args.stem = args.stem or f"train_llm_{name}"
     args.out = args.out or os.path.join("runs", f"bench-train-llm-{name.replace('_', '-')}")
@@ -223,9 +238,19 @@ def write_result(args: argparse.Namespace, name: str, row: dict, extra: dict) ->
     os.replace(path + ".partial", path)
     if args.commit:
         folder = os.path.dirname(path)
-        subprocess.run(["git", "add", "--", folder], check=True)
-        subprocess.run(["git", "commit", "-q", "-m", f"{args.stem}: {name} finished (bench/llm_study.py --commit)",
-                        "--", folder], check=True)
+        _git("add", "--", folder)
+        _git("commit", "-q", "-m", f"{args.stem}: {name} finished (bench/llm_study.py --commit)", "--", folder)
+
+
+def _git(*command: str, tries: int = 30) -> None:
+    """``git *command``, retried while another worker's commit holds the index lock."""
+    for attempt in range(tries):
+        done = subprocess.run(["git", *command], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if "index.lock" not in done.stderr or attempt == tries - 1:
+            raise subprocess.CalledProcessError(done.returncode, ["git", *command], done.stdout, done.stderr)
+        time.sleep(1.0)
 
 
 def cached(backends: list, folder: str) -> list:
@@ -292,11 +317,50 @@ def main(argv=None) -> None:
         check_flags(args, study_settings(load_results(args.stem, CELLS)[1]))
         run_untrained(args)
         write_report(args)
-        for seed in args.seeds:  # seed-major: after the first pass every cell has a seed
-            for cell in args.cells:
-                run_chunk(args, cell, seed)
-                write_report(args)  # after every chunk, so a stopped study keeps what it measured
+        if args.workers == 1:
+            run_chunks(args)
+        else:
+            run_workers(args)
     write_report(args)
+
+
+def run_chunks(args: argparse.Namespace) -> None:
+    for seed in args.seeds:  # seed-major: after the first pass every cell has a seed
+        for cell in args.cells:
+            run_chunk(args, cell, seed)
+            write_report(args)  # after every chunk, so a stopped study keeps what it measured
+
+
+def run_workers(args: argparse.Namespace) -> None:
+    """``run_chunks`` in ``--workers`` processes side by side, worker k taking cells k, k + workers, ...; the
+    untrained team is evaluated before (once). A worker that fails keeps the chunks it finished."""
+    os.makedirs(args.out, exist_ok=True)
+    context = multiprocessing.get_context("spawn")  # torch's thread pools do not survive a fork
+    workers = []
+    for k in range(args.workers):
+        share = argparse.Namespace(**{**vars(args), "cells": args.cells[k::args.workers], "workers": 1,
+                                      "threads": max(1, args.threads // args.workers)})
+        log = os.path.join(args.out, f"worker{k}.log")
+        workers.append(context.Process(target=_worker, args=(share, log, _results.RESULTS), name=log))
+        workers[-1].start()
+        print(f"worker {k}: {' '.join(share.cells)} (seeds {' '.join(map(str, args.seeds))}), {share.threads} "
+              f"thread(s), output in {log}", flush=True)
+    for worker in workers:
+        worker.join()
+    failed = [worker.name for worker in workers if worker.exitcode != 0]
+    if failed:
+        raise SystemExit(f"llm_study.py: a worker failed, see {', '.join(failed)}; its finished chunks are kept, the "
+                         "same command goes on from there")
+
+
+def _worker(args: argparse.Namespace, log: str, results: str) -> None:
+    _results.RESULTS = results  # the parent's results folder, wherever it was set
+    with open(log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        try:
+            run_chunks(args)
+        except BaseException:
+            traceback.print_exc()  # into the worker's log, beside its progress
+            raise
 
 
 class _Untrained:

@@ -89,3 +89,20 @@ def test_foreign_env_learns_cooperative_optimum(tmp_path, algo, masked):
     assert policy.act(obs) == {"a": 0, "b": 0}
     _, rewards, _, _, _ = env.step(policy.act(obs))
     assert rewards["a"] == PAYOFF.max()
+
+
+def test_group_trainer_warns_once_when_every_group_is_flat(tmp_path):
+    # Plain MAGRPO (one unclipped step per batch at lr 1e-2, no KL) turns deterministic on this game within ~6
+    # batches; from then on every group's siblings act alike and the trainer learns nothing, which it must say.
+    # With a large entropy bonus the policy stays stochastic, groups keep differing, and it must stay quiet.
+    import warnings
+
+    common = {"group_size": 8, "groups_per_batch": 8, "episodes": 1200, "num_envs": 16, "out": str(tmp_path),
+              "progress": False, "tensorboard": False, "seed": 0}
+    for ent_coef, expected in ((0.0, 1), (5.0, 0)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train_cli.run("magrpo", MAGRPOConfig(ent_coef=ent_coef, **common), env_fn=lambda: CoordinationGame(True))
+        collapse = [w for w in caught if issubclass(w.category, RuntimeWarning) and "advantages zero" in str(w.message)]
+        assert len(collapse) == expected, (ent_coef, [str(w.message) for w in caught])
+        assert all("lower --lr" in str(w.message) for w in collapse)

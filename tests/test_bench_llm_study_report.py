@@ -168,3 +168,44 @@ def test_the_gpu_preset_runs_jigsaw_under_its_own_stem_on_the_tasks_levels(study
     assert cfg.task == "jigsaw" and cfg.task_options["levels"] == (0, 1, 2) and len(cfg.env_options["roles"]) == 2
     with pytest.raises(SystemExit):  # jigsaw has no level 3: refused at the command line, not after the model loads
         study.parse_args(["--task", "jigsaw", "--levels", "3"])
+
+
+def _untrained(folder, correct: list[int]) -> None:
+    os.makedirs(folder, exist_ok=True)
+    row = {"accuracy": sum(correct) / len(correct), "episodes": len(correct), "per_problem_accuracy": correct,
+           "tokens": 100.0}
+    with open(os.path.join(folder, "untrained.json"), "w", encoding="utf-8") as f:
+        json.dump({"eval_seconds": 60.0, "row": row}, f)
+
+
+STUDY_FLAGS = ["--model", "~/m.gguf", "--max-tokens", "160", "--updates", "16", "--problems-per-update", "1",
+               "--eval-problems", "2", "--cells", "teamturn-shared", "own-own", "--seeds", "0"]
+
+
+def test_workers_run_their_share_of_the_cells_in_the_parents_results_folder(study, tmp_path):
+    """Every chunk already finished: each worker (a spawned process) finds its cells' chunks in the parent's results
+    folder, so it trains nothing; a worker that looked elsewhere would try to load the missing model and fail."""
+    folder = tmp_path / "train_llm_turns"
+    _untrained(folder, [1, 0])
+    for cell in ("teamturn-shared", "own-own"):
+        _chunk(study, folder, cell, 0, [1, 1] if cell == "own-own" else [0, 1])
+    study.main([*STUDY_FLAGS, "--out", str(tmp_path / "runs"), "--workers", "2"])
+    logs = sorted(os.listdir(tmp_path / "runs"))
+    assert logs == ["worker0.log", "worker1.log"]
+    assert "| own-own | 1 | 1.000" in (tmp_path / "train_llm_turns.md").read_text()
+
+
+def test_a_failed_worker_is_named_and_its_log_says_why(study, tmp_path):
+    folder = tmp_path / "train_llm_turns"
+    _untrained(folder, [1, 0])
+    _chunk(study, folder, "teamturn-shared", 0, [0, 1])  # own-own's chunk is missing: its worker must train
+    with pytest.raises(SystemExit, match="a worker failed, see .*worker1.log"):
+        study.main([*STUDY_FLAGS, "--out", str(tmp_path / "runs"), "--workers", "2"])
+    assert "Traceback" in (tmp_path / "runs" / "worker1.log").read_text()
+    assert "Traceback" not in (tmp_path / "runs" / "worker0.log").read_text()
+
+
+def test_more_workers_than_cells_is_one_line_naming_the_cells(study, capsys):
+    with pytest.raises(SystemExit):
+        study.parse_args(["--cells", "own-own", "--workers", "2"])
+    assert "--workers 2: give 1 to 1, one worker per cell at most (1 cells: own-own)" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -109,6 +110,17 @@ def update(policy: Policy, reference: Policy | None, optimizer: torch.optim.Opti
     return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
 
 
+COLLAPSE_BATCHES = 3
+"""Consecutive batches whose advantages are all zero after which the trainer warns that learning has stopped."""
+
+
+def collapse_message(algo: str, done: int, budget: int) -> str:
+    return (f"{algo}: in the last {COLLAPSE_BATCHES} batches every group's rollouts earned equal returns (all "
+            f"advantages zero, episode {done} of {budget}), so those batches taught nothing; usually the policy has "
+            "become deterministic and will learn nothing more. If it settled too early, lower --lr or add --kl-coef "
+            "or --ent-coef (the metrics log's entropy and adv_abs show when).")
+
+
 def load_into(policy: Policy, path: str) -> Policy:
     from baselines.meta.policy import load_checkpoint
 
@@ -139,7 +151,7 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
     logger = MetricsLogger(out, cfg.tensorboard)
     budget = cfg.episodes // cfg.group_size * cfg.group_size  # whole groups, never past --episodes
     bar = progress_bar(budget, algo, cfg.progress)
-    done = 0
+    done, flat_batches, warned = 0, 0, False
     while done < budget:
         groups = min(cfg.groups_per_batch, (budget - done) // cfg.group_size)  # the last batch may be smaller
         seeds = rng.integers(0, 2**31 - 1, size=groups)
@@ -151,6 +163,10 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
         done += len(specs)
         metrics = {**rollout_metrics(ro, cfg.reward_scale), **stats, "adv_abs": float(np.abs(advantages).mean())}
         logger.log(done, metrics)
+        flat_batches = flat_batches + 1 if metrics["adv_abs"] == 0 else 0
+        if flat_batches == COLLAPSE_BATCHES and done < budget and not warned:
+            warnings.warn(collapse_message(algo, done, budget), RuntimeWarning, stacklevel=2)
+            warned = True
         bar.update(len(specs))
         bar.set_postfix(acc=metrics.get("accuracy", float("nan")), ret=metrics["episode_return"], kl=stats["kl"])
     bar.close()
