@@ -193,15 +193,17 @@ def plot_curves(cells: dict[str, list[dict]], path: str) -> None:
 
     plt = headless_pyplot()
     fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4 * len(CURVE_KEYS), 3))
+    shortest = min((len(r["curve"]) for results in cells.values() for r in results), default=0)
+    window = 5 if shortest >= 10 else 1  # a short run's few updates are shown as they are, one marker each
     for ax, key in zip(axes, CURVE_KEYS):
         for cell, results in cells.items():
             runs = [r["curve"] for r in results]
             length = min(len(rows) for rows in runs)
             values = np.mean([[row.get(key, np.nan) for row in rows[:length]] for rows in runs], axis=0)
-            window = min(5, length)
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid") if window else values
-            ax.plot(np.arange(window, length + 1), smooth, label=cell)
-        ax.set_title(f"{key} (training rollouts, mean of runs, of 5 updates)", fontsize=8)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid") if length >= window else values[:0]
+            ax.plot(np.arange(window, length + 1), smooth, marker="o" if window == 1 else None, label=cell)
+        span = f", rolling mean of {window} updates" if window > 1 else ""
+        ax.set_title(f"{key} (training rollouts, mean of runs{span})", fontsize=8)
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
