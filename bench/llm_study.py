@@ -39,9 +39,10 @@ background across sessions:
     python bench/llm_study.py --model ... --report-only      # the report from the chunks finished so far
 
 ``--workers 2`` trains two cells' chunks side by side (after the untrained team's evaluation), one process and
-``--threads / 2`` torch threads each: for CPUs with more cores than one chunk keeps busy (the CPU study here ran so
-on 2 cores, not measured side by side against one worker there). Not for one GPU: on an H200 two chunks side by side
-took 38 s per update each against 15-20 s in series (results/gpu_workers_h200.md).
+``--threads / 2`` torch threads each: for CPUs whose cores one chunk does not keep busy. On this project's 2 cores
+(Qwen2.5-Coder-0.5B, the same first update of both cells, one script) an update took 181 s in series on 2 threads and
+324 s side by side on 1 thread each, 1.12x the updates per hour (the whole command 605 s vs 527 s). Not for one GPU:
+on an H200 two chunks side by side took 38 s per update each against 15-20 s in series (results/gpu_workers_h200.md).
 
 The report (results/<--stem>.md, .png; bench/_llm_study_report.py): per cell, each training run's held-out accuracy,
 the spread between runs (their sd), and 95% intervals over the evaluation problems only (Wilson) and over training
