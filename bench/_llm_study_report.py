@@ -200,7 +200,7 @@ def plot_curves(cells: dict[str, list[dict]], path: str) -> None:
             runs = [r["curve"] for r in results]
             length = min(len(rows) for rows in runs)
             values = np.mean([[row.get(key, np.nan) for row in rows[:length]] for rows in runs], axis=0)
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid") if length >= window else values[:0]
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid") if window > 1 else values
             ax.plot(np.arange(window, length + 1), smooth, marker="o" if window == 1 else None, label=cell)
         span = f", rolling mean of {window} updates" if window > 1 else ""
         ax.set_title(f"{key} (training rollouts, mean of runs{span})", fontsize=8)

@@ -28,12 +28,16 @@ def _chunk(bench, folder, cell: str, seed: int, correct: list[int], **changes) -
     args = bench.parse_args(["--model", "~/m.gguf", "--max-tokens", "160", "--updates", "16",
                              "--problems-per-update", "1", "--eval-problems", str(len(correct))])
     config = json.loads(json.dumps(bench.asdict(bench.cell_config(args, cell, seed)))) | changes
-    row = {"accuracy": sum(correct) / len(correct), "episodes": len(correct), "per_problem_accuracy": correct,
-           "tokens": 100.0}
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{cell}-seed{seed}.json"), "w", encoding="utf-8") as f:
         json.dump({"cell": cell, "seed": seed, "train_seconds": 60.0, "eval_seconds": 60.0, "config": config,
-                   "curve": [{"accuracy": 0.5}], "row": row}, f)
+                   "curve": [{"accuracy": 0.5}], "row": _row(correct)}, f)
+
+
+def _row(correct: list[int]) -> dict:
+    """An evaluation row as ``evaluate_team`` returns it, for the report's needs."""
+    return {"accuracy": sum(correct) / len(correct), "episodes": len(correct), "per_problem_accuracy": correct,
+            "tokens": 100.0}
 
 
 def test_the_report_describes_the_chunks_settings_not_the_flags(study, tmp_path):
@@ -172,10 +176,8 @@ def test_the_gpu_preset_runs_jigsaw_under_its_own_stem_on_the_tasks_levels(study
 
 def _untrained(folder, correct: list[int]) -> None:
     os.makedirs(folder, exist_ok=True)
-    row = {"accuracy": sum(correct) / len(correct), "episodes": len(correct), "per_problem_accuracy": correct,
-           "tokens": 100.0}
     with open(os.path.join(folder, "untrained.json"), "w", encoding="utf-8") as f:
-        json.dump({"eval_seconds": 60.0, "row": row}, f)
+        json.dump({"eval_seconds": 60.0, "row": _row(correct)}, f)
 
 
 STUDY_FLAGS = ["--model", "~/m.gguf", "--max-tokens", "160", "--updates", "16", "--problems-per-update", "1",
