@@ -10,6 +10,8 @@ from typing import Any
 from baselines.config import TrainConfig
 from deliberation_env.cli import BackendSettings, backend_settings, env_options
 
+ENGINES = ("tree", "env")
+"""How a replay set's episodes are played in training (``BaseConfig.engine``)."""
 CREDIT_SPANS = ("episode", "round")
 """What a round's return spans (``credit_span``): the agent's whole episode, or the rounds from it on."""
 
@@ -24,6 +26,9 @@ class BaseConfig(TrainConfig, BackendSettings):
     replay: str | None = None
     """A replay set (shipped name, folder or hf://owner/name): train and evaluate on a real model's recorded behaviour
     with the set's own settings (task, prompts, agents, rounds, tokens); replaces task, backend and their options."""
+    engine: str = field(default="tree", metadata={"argparse": {"choices": ENGINES}})
+    """How a replay set's training episodes are played: 'tree' (its compiled tree, deliberation_env.engine: the
+    same rollouts as the env gives, played by numpy) or 'env' (the PettingZoo env). Ignored without --replay."""
     data_dir: str | None = None
     """Benchmark data folder (default: $DELIBERATION_ENV_DATA)."""
     num_agents: int = 3
@@ -57,6 +62,8 @@ class BaseConfig(TrainConfig, BackendSettings):
     def validate(self) -> None:
         """Raise ValueError on inconsistent settings."""
         super().validate()
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.credit_span not in CREDIT_SPANS:
             raise ValueError(f"credit_span must be one of {CREDIT_SPANS}, got {self.credit_span!r}")
         if self.episodes < 0:
