@@ -50,11 +50,21 @@ class TreeEnv:
             raise TypeError(f"pass either format= or the format keywords {sorted(format_keywords)}, not both")
         self.tree, self.num_envs, self.invalid_action = tree, num_envs, invalid_action
         self.format = format or ObservationFormat(**format_keywords)
-        self.possible_agents = [f"agent_{i}" for i in range(tree.num_agents)]
-        self.observation_space = self.format.space(tree.num_agents, tree.num_features, tree.num_actions)
+        n, width = tree.num_agents, tree.num_features
+        self.possible_agents = [f"agent_{i}" for i in range(n)]
+        self.observation_space = self.format.space(n, width, tree.num_actions)
         """One agent's observation space, as the PettingZoo env's ``observation_space(agent)``."""
-        self._peers = tree.peer_matrix
-        self._joint_weights = tree.num_actions ** np.arange(tree.num_agents - 1, -1, -1)
+        self._joint_weights = tree.num_actions ** np.arange(n - 1, -1, -1)
+        # Everything a step reads, packed per node and per edge, so that a step is a few gathers (``np.take``).
+        rows = tree.rows
+        raw = {"self": rows, "peers": rows[:, tree.peer_matrix, :], "agreement": tree.agreement, "action_mask": tree.mask}
+        self._packed = np.ascontiguousarray(raw_flat(raw, ("self", "peers", "agreement")))
+        self._legal = (tree.mask.astype(np.int64) << np.arange(tree.num_actions)).sum(-1)
+        self._node_ints = np.concatenate([tree.consensus_correct[:, None], tree.correct, tree.tokens, tree.oracle,
+                                          tree.problem[:, None], tree.stream[:, None]], axis=1).astype(np.int32)
+        self._edge_floats = np.concatenate([tree.rewards[..., None], tree.components], axis=-1).reshape(
+            -1, n, 1 + len(tree.component_names))
+        self._edge_ints = np.stack([tree.child.reshape(-1), tree.done.reshape(-1)], axis=1).astype(np.int32)
         self.node = np.zeros(num_envs, np.int64)
         """Each episode's current node in the tree."""
         self.ended = np.ones(num_envs, bool)
@@ -62,60 +72,81 @@ class TreeEnv:
 
     # ------------------------------------------------------------------ API
     def reset(self, seed: int | None = None, *, seeds: Sequence[int] | None = None,
-              problems: Sequence[int] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+              problems: Sequence[int | None] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Start ``num_envs`` episodes: from one generator seeded ``seed`` (the batch's problems and streams drawn
         together), or each from its own seed ``seeds[i]`` as ``env.reset(seed=seeds[i])`` draws them; ``problems``
-        fixes each episode's problem index (as ``options={"problem_index": ...}``)."""
-        self.node[:] = self._starts(np.ones(self.num_envs, bool), seed, seeds, problems)
+        fixes each episode's problem index (as ``options={"problem_index": ...}``; None: drawn)."""
+        self.node[:] = self._starts(self.num_envs, seed, seeds, problems)
         self.ended[:] = False
         return self._observe(self.node), self._info(self.node)
 
     def reset_done(self, seed: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Restart the ended episodes only (drawn from this env's generator, seeded by ``seed`` if given)."""
-        ended = self.ended.copy()
-        if ended.any():
-            self.node[ended] = self._starts(ended, seed, None, None)
-            self.ended[ended] = False
+        ended = self.ended
+        if ended.all():
+            self.node[:] = self._starts(self.num_envs, seed, None, None)
+        elif ended.any():
+            self.node[ended] = self._starts(int(ended.sum()), seed, None, None)
+        ended[:] = False
         return self._observe(self.node), self._info(self.node)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """One round of every live episode (see the module docstring)."""
-        tree = self.tree
+        tree, n = self.tree, self.tree.num_agents
         actions = np.asarray(actions)
-        if actions.shape != (self.num_envs, tree.num_agents) or not np.issubdtype(actions.dtype, np.integer):
-            raise ValueError(f"actions must be integers of shape (num_envs, num_agents) = "
-                             f"({self.num_envs}, {tree.num_agents}), got {actions.dtype} {actions.shape}")
+        if actions.shape != (self.num_envs, n) or not np.issubdtype(actions.dtype, np.integer):
+            raise ValueError(f"actions must be integers of shape (num_envs, num_agents) = ({self.num_envs}, {n}), "
+                             f"got {actions.dtype} {actions.shape}")
         live = ~self.ended
-        if not live.any():
+        every = bool(live.all())
+        if not every and not live.any():
             raise RuntimeError("step() with every episode ended; call reset() or reset_done()")
-        nodes = self.node[live]
-        chosen = actions[live]
-        if ((chosen < 0) | (chosen >= tree.num_actions)).any():
+        nodes = self.node if every else self.node[live]
+        chosen = actions if every else actions[live]
+        if chosen.min() < 0 or chosen.max() >= tree.num_actions:
             raise ValueError(f"actions must be in [0, {tree.num_actions}), got {chosen.min()}..{chosen.max()}")
-        legal = np.take_along_axis(tree.mask[nodes], chosen[:, :, None], axis=2)[:, :, 0].astype(bool)
+        legal = (np.take(self._legal, nodes, axis=0) >> chosen) & 1
         if not legal.all():
             if self.invalid_action == "raise":
-                row, agent = np.argwhere(~legal)[0]
+                row, agent = np.argwhere(legal == 0)[0]
                 raise ValueError(f"action {chosen[row, agent]} is masked for agent_{agent} in episode "
                                  f"{np.flatnonzero(live)[row]} (see the observation's action_mask); pass "
                                  "invalid_action='persist' to play masked actions as PERSIST")
-            chosen = np.where(legal, chosen, 0)  # the tree's edges already play them so; kept for the info
-        edges = tree.expand[nodes]
-        joint = chosen @ self._joint_weights
-        children = tree.child[edges, joint]
-        rewards = np.zeros((self.num_envs, tree.num_agents), np.float32)
-        rewards[live] = tree.rewards[edges, joint]
-        components = np.zeros((self.num_envs, tree.num_agents, len(tree.component_names)), np.float32)
-        components[live] = tree.components[edges, joint]
-        done = self.ended.copy()
-        done[live] = tree.done[edges, joint]
-        self.node[live] = children
+            chosen = chosen * legal  # PERSIST (0) where masked: the tree's edges play it so too
+        flat = np.take(tree.expand, nodes) * tree.num_joint + chosen @ self._joint_weights
+        floats = np.take(self._edge_floats, flat, axis=0)
+        ints = np.take(self._edge_ints, flat, axis=0)
+        if every:
+            self.node = ints[:, 0].astype(np.int64)
+            done = ints[:, 1].astype(bool)
+        else:
+            scattered = np.zeros((self.num_envs, n, floats.shape[-1]), np.float32)
+            scattered[live] = floats
+            floats = scattered
+            self.node[live] = ints[:, 0]
+            done = self.ended.copy()
+            done[live] = ints[:, 1].astype(bool)
         self.ended = done
         info = self._info(self.node)
         info["live"] = live
         for c, name in enumerate(tree.component_names):
-            info[f"reward_{name}"] = components[:, :, c]
-        return self._observe(self.node), rewards, done, np.zeros(self.num_envs, bool), info
+            info[f"reward_{name}"] = floats[:, :, 1 + c]
+        return self._observe(self.node), floats[:, :, 0], done, np.zeros(self.num_envs, bool), info
+
+    def sample_actions(self, rng: np.random.Generator | None = None) -> np.ndarray:
+        """(B, N) uniformly random legal actions at the current nodes (an action space's ``sample(mask)``)."""
+        rng = rng or self.rng
+        legal = np.take(self._legal, self.node, axis=0)
+        count = np.zeros(legal.shape, np.int64)
+        for action in range(self.tree.num_actions):
+            count += (legal >> action) & 1
+        pick = (rng.random(legal.shape) * count).astype(np.int64)  # the pick-th legal action
+        chosen = np.zeros(legal.shape, np.int64)
+        for action in range(self.tree.num_actions):
+            bit = (legal >> action) & 1
+            chosen += action * (bit & (pick == 0))
+            pick -= bit
+        return chosen
 
     def observe(self, nodes: np.ndarray) -> Any:
         """The observations of the given nodes, in this env's format (batched over ``nodes``' shape)."""
@@ -126,12 +157,13 @@ class TreeEnv:
         return self.tree.rows[self.node].reshape(self.num_envs, -1)
 
     # ------------------------------------------------------------------ internals
-    def _starts(self, which: np.ndarray, seed: int | None, seeds: Sequence[int] | None,
+    def _starts(self, count: int, seed: int | None, seeds: Sequence[int] | None,
                 problems: Sequence[int | None] | None) -> np.ndarray:
-        tree, count = self.tree, int(which.sum())
+        tree = self.tree
         problem_count, streams = len(tree.problem_ids), tree.streams
         fixed = [None] * count if problems is None else list(problems)
-        if len(fixed) != count or any(p is not None and not 0 <= int(p) < problem_count for p in fixed):
+        if problems is not None and (len(fixed) != count or any(
+                p is not None and not 0 <= int(p) < problem_count for p in fixed)):
             raise ValueError(f"problems must hold {count} indices in [0, {problem_count}) (None: drawn)")
         if seeds is not None:
             if len(seeds) != count:
@@ -148,18 +180,34 @@ class TreeEnv:
             if problems is not None:
                 given = np.array([p is not None for p in fixed])
                 picked[given] = [int(p) for p in fixed if p is not None]
-            stream = self.rng.integers(streams, size=count)
+            stream = self.rng.integers(streams, size=count) if streams > 1 else 0
         return tree.roots[picked, stream].astype(np.int64)
 
     def _observe(self, nodes: np.ndarray) -> Any:
-        tree = self.tree
-        rows = tree.rows[nodes]
-        raw = {"self": rows, "peers": rows[..., self._peers, :], "agreement": tree.agreement[nodes],
-               "action_mask": tree.mask[nodes]}
-        return self.format.observation_batch(raw)
+        """One gather of the packed features (and one of the int8 masks), then views in the env's format."""
+        tree, n, width = self.tree, self.tree.num_agents, self.tree.num_features
+        packed = np.take(self._packed, nodes, axis=0)
+        mask = np.take(tree.mask, nodes, axis=0)
+        lead = packed.shape[:-1]
+        raw = {"self": packed[..., :width], "peers": packed[..., width:n * width].reshape(*lead, n - 1, width),
+               "agreement": packed[..., n * width:], "action_mask": mask}
+        if self.format.mode == "dict":
+            return self.format.observation_batch(raw)
+        if self.format.mode == "masked":
+            return {self.format.observation_key: packed, self.format.mask_key: mask}
+        if self.format.mask_in_observation:
+            return np.concatenate([packed, mask.astype(np.float32)], axis=-1)
+        return packed
 
     def _info(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
-        tree = self.tree
-        return {"consensus_correct": tree.consensus_correct[nodes], "correct": tree.correct[nodes],
-                "tokens": tree.tokens[nodes], "oracle_action": tree.oracle[nodes], "problem": tree.problem[nodes],
-                "stream": tree.stream[nodes], "node": nodes.copy()}
+        n = self.tree.num_agents
+        ints = np.take(self._node_ints, nodes, axis=0)
+        return {"consensus_correct": ints[..., 0].astype(bool), "correct": ints[..., 1:1 + n].astype(bool),
+                "tokens": ints[..., 1 + n:1 + 2 * n], "oracle_action": ints[..., 1 + 2 * n:1 + 3 * n],
+                "problem": ints[..., 1 + 3 * n], "stream": ints[..., 2 + 3 * n], "node": nodes.copy()}
+
+
+def raw_flat(raw: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
+    """The given entries of a batched raw observation concatenated per agent (the flat form's order)."""
+    lead = raw["self"].shape[:-1]
+    return np.concatenate([raw[key].reshape(*lead, -1).astype(np.float32, copy=False) for key in keys], axis=-1)
