@@ -55,16 +55,9 @@ class TreeEnv:
         self.observation_space = self.format.space(n, width, tree.num_actions)
         """One agent's observation space, as the PettingZoo env's ``observation_space(agent)``."""
         self._joint_weights = tree.num_actions ** np.arange(n - 1, -1, -1)
-        # Everything a step reads, packed per node and per edge, so that a step is a few gathers (``np.take``).
-        rows = tree.rows
-        raw = {"self": rows, "peers": rows[:, tree.peer_matrix, :], "agreement": tree.agreement, "action_mask": tree.mask}
-        self._packed = np.ascontiguousarray(raw_flat(raw, ("self", "peers", "agreement")))
-        self._legal = (tree.mask.astype(np.int64) << np.arange(tree.num_actions)).sum(-1)
-        self._node_ints = np.concatenate([tree.consensus_correct[:, None], tree.correct, tree.tokens, tree.oracle,
-                                          tree.problem[:, None], tree.stream[:, None]], axis=1).astype(np.int32)
-        self._edge_floats = np.concatenate([tree.rewards[..., None], tree.components], axis=-1).reshape(
-            -1, n, 1 + len(tree.component_names))
-        self._edge_ints = np.stack([tree.child.reshape(-1), tree.done.reshape(-1)], axis=1).astype(np.int32)
+        packed = packed_arrays(tree)
+        self._packed, self._legal = packed["observations"], packed["legal"]
+        self._node_ints, self._edge_floats, self._edge_ints = packed["node_ints"], packed["edge_floats"], packed["edge_ints"]
         self.node = np.zeros(num_envs, np.int64)
         """Each episode's current node in the tree."""
         self.ended = np.ones(num_envs, bool)
@@ -171,16 +164,17 @@ class TreeEnv:
             picked, stream = np.zeros(count, np.int64), np.zeros(count, np.int64)
             for i, one in enumerate(seeds):  # the PettingZoo env's draws: the problem (unless fixed), the episode seed
                 rng = np.random.default_rng(int(one))
-                picked[i] = rng.integers(problem_count) if fixed[i] is None else fixed[i]
+                given = fixed[i]
+                picked[i] = int(rng.integers(problem_count)) if given is None else int(given)
                 stream[i] = int(rng.integers(0, 2**62)) % streams
         else:
             if seed is not None:
                 self.rng = np.random.default_rng(seed)
             picked = self.rng.integers(problem_count, size=count)
             if problems is not None:
-                given = np.array([p is not None for p in fixed])
-                picked[given] = [int(p) for p in fixed if p is not None]
-            stream = self.rng.integers(streams, size=count) if streams > 1 else 0
+                chosen = np.array([p is not None for p in fixed])
+                picked[chosen] = [int(p) for p in fixed if p is not None]
+            stream = self.rng.integers(streams, size=count)
         return tree.roots[picked, stream].astype(np.int64)
 
     def _observe(self, nodes: np.ndarray) -> Any:
@@ -205,6 +199,31 @@ class TreeEnv:
         return {"consensus_correct": ints[..., 0].astype(bool), "correct": ints[..., 1:1 + n].astype(bool),
                 "tokens": ints[..., 1 + n:1 + 2 * n], "oracle_action": ints[..., 1 + 2 * n:1 + 3 * n],
                 "problem": ints[..., 1 + 3 * n], "stream": ints[..., 2 + 3 * n], "node": nodes.copy()}
+
+
+_PACKED: dict[int, tuple[CompiledTree, dict[str, np.ndarray]]] = {}
+"""Packed arrays by tree (its id, kept with the tree so that the id is not reused): built once per tree."""
+
+
+def packed_arrays(tree: CompiledTree) -> dict[str, np.ndarray]:
+    """Everything a step reads, packed per node and per edge so that a step is a few gathers (``np.take``)."""
+    if id(tree) in _PACKED:
+        return _PACKED[id(tree)][1]
+    n, rows = tree.num_agents, tree.rows
+    raw = {"self": rows, "peers": rows[:, tree.peer_matrix, :], "agreement": tree.agreement}
+    packed = {
+        "observations": np.ascontiguousarray(raw_flat(raw, ("self", "peers", "agreement"))),
+        "legal": (tree.mask.astype(np.int64) << np.arange(tree.num_actions)).sum(-1),
+        "node_ints": np.concatenate([tree.consensus_correct[:, None], tree.correct, tree.tokens, tree.oracle,
+                                     tree.problem[:, None], tree.stream[:, None]], axis=1).astype(np.int32),
+        "edge_floats": np.concatenate([tree.rewards[..., None], tree.components], axis=-1).reshape(
+            -1, n, 1 + len(tree.component_names)),
+        "edge_ints": np.stack([tree.child.reshape(-1), tree.done.reshape(-1)], axis=1).astype(np.int32),
+    }
+    if len(_PACKED) >= 8:
+        _PACKED.clear()
+    _PACKED[id(tree)] = (tree, packed)
+    return packed
 
 
 def raw_flat(raw: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
