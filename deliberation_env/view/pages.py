@@ -96,7 +96,7 @@ def filters(trees: Sequence[ProblemTree], splits: Sequence[str], policies: Seque
         parts.append(select(f"policy{number}", f"{policy_tag(number)} {policy.label}", right_wrong))
         parts.append(select(f"choice{number}", f"{policy_tag(number)}'s choice",
                             [("1", "the oracle's"), ("0", "not the oracle's")]))
-    search = "<label>question <input type=\"search\" id=\"search\" placeholder=\"contains...\"></label>"
+    search = "<label>search <input type=\"search\" id=\"search\" placeholder=\"contains...\"></label>"
     return (f"<section class=\"panel filters\" id=\"filters\"><h2>Problems</h2>{''.join(parts)}{search}"
             "<p class=\"count\" id=\"count\"></p></section>")
 
@@ -109,16 +109,14 @@ def problem_table(trees: Sequence[ProblemTree], policies: Sequence[Policy]) -> s
     for tree in trees:
         key = (tree.split, tree.id)
         debate = tree.cell(tree.protocols["debate"]).correct
-        question = tree.question if len(tree.question) <= 110 else tree.question[:107] + "..."
         row = [f"<a href=\"{problem_file(tree)}\">{esc(tree.split)} #{tree.index}</a>", esc(tree.split),
-               esc(tree.level), f"<span title=\"{esc(tree.question)}\">{esc(question)}</span>", esc(tree.gold),
+               esc(tree.level), f"<span class=\"clamp\">{esc(tree.question)}</span>", esc(tree.gold),
                *(answer_chip(v.answer, v.correct) for v in tree.round0), answer_chip(tree.vote, tree.vote_correct),
                answer_chip(tree.cell(tree.protocols["debate"]).consensus, debate),
                f"{tree.right_cells}/{len(tree.cells)}"]
         data = {"data-split": tree.split, "data-level": "" if tree.level is None else str(tree.level),
                 "data-distinct": str(min(tree.distinct_answers, 3)), "data-vote": str(int(tree.vote_correct)),
-                "data-debate": str(int(debate)), "data-oracle": str(int(tree.right_cells > 0)),
-                "data-question": tree.question.lower()}
+                "data-debate": str(int(debate)), "data-oracle": str(int(tree.right_cells > 0))}
         for i, view in enumerate(tree.round0):
             data[f"data-agent{i}"] = str(int(view.correct))
         for number, policy in enumerate(policies):

@@ -62,7 +62,7 @@ def trace_index_page(title: str, keys: Sequence[ProblemKey], policies: Sequence[
         rows.append([f"<a href=\"{trace_file(number)}\">{esc(key[1])}</a>", esc(key[0]),
                      *(fraction_chip(r) for r in rights), "<br>".join(choices)])
         known = [r for r in rights if r is not None]
-        data = {"data-split": key[0], "data-question": key[1].lower(),
+        data = {"data-split": key[0],
                 "data-differ": str(int(len({r >= 0.5 for r in known}) > 1))}
         data.update({f"data-policy{n}": "" if r is None else str(int(r >= 0.5)) for n, r in enumerate(rights)})
         attrs.append(data)

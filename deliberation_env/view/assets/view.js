@@ -1,5 +1,5 @@
 // Filters of the index pages: every <select data-key="K"> keeps the rows whose data-K equals its value
-// ("" keeps all); the search box keeps rows whose data-question contains its text. No data is read from
+// ("" keeps all); the search box keeps rows whose text contains its text. No data is read from
 // anywhere but the page's own attributes.
 "use strict";
 
@@ -15,7 +15,7 @@ function applyFilters() {
   const rows = table.tBodies[0].rows;
   for (const row of rows) {
     const keep = chosen.every(([key, value]) => row.dataset[key] === value) &&
-      (needle === "" || (row.dataset.question || "").includes(needle));
+      (needle === "" || row.textContent.toLowerCase().includes(needle));
     row.hidden = !keep;
     if (keep) shown += 1;
   }
