@@ -28,6 +28,7 @@ def page(title: str, body: str, root: str = "") -> str:
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
         f"<title>{esc(title)}</title>\n"
+        f"<link rel=\"icon\" href=\"{root}assets/favicon.svg\" type=\"image/svg+xml\">\n"
         f"<link rel=\"stylesheet\" href=\"{root}assets/view.css\">\n"
         f"<script src=\"{root}assets/view.js\" defer></script>\n"
         f"</head>\n<body>\n{body}\n</body>\n</html>\n"
