@@ -36,13 +36,18 @@ class MarkupSim(SimBackend):
                 for r, c in zip(requests, completions)]
 
 
-@pytest.fixture(scope="module")
-def small_set(tmp_path_factory):
+def record_markup_set(tmp_path_factory) -> ReplaySet:
+    """A small set of the sim (5 test and 3 train problems) whose agent 0 writes markup."""
     BACKENDS.register("markup-sim", MarkupSim, overwrite=True)  # --backend takes any registered name
     out = tmp_path_factory.mktemp("sets") / "markup"
     record(["--out", str(out), "--split", "test", "--problems", "0:5", "--chunk", "5", *FLAGS])
     record(["--out", str(out), "--split", "train", "--problems", "0:3", "--chunk", "3", *FLAGS])
     return ReplaySet(out)
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory):
+    return record_markup_set(tmp_path_factory)
 
 
 def play_traces(replay, path, labels=("threshold", "random"), problems=5):

@@ -10,10 +10,15 @@ import pytest
 
 from deliberation_env.view.site import build_set_site, build_trace_site, serving
 from deliberation_env.view.tree import record_texts, walk_split
-from tests.test_view import INJECTED, play_traces, small_set  # noqa: F401 - small_set is a fixture
+from tests.test_view import INJECTED, play_traces, record_markup_set
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory):
+    return record_markup_set(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ The folder holds ``index.html`` and one page per problem; open ``index.html`` in
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +50,10 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def is_trace(source: str) -> bool:
     return source.endswith(".jsonl") or Path(source).is_file()
 
@@ -58,7 +63,13 @@ def main(argv: Sequence[str] | None = None) -> Built:
     args = build_parser().parse_args(argv)
     if args.out is None and not args.serve:
         raise UserError("name the site's folder with --out DIR, or pass --serve to look at it at once")
-    out = args.out or tempfile.mkdtemp(prefix="deliberation-view-")
+    if args.out is not None:
+        return build_and_serve(args, args.out)
+    with tempfile.TemporaryDirectory(prefix="deliberation-view-") as folder:  # removed when serving stops
+        return build_and_serve(args, folder)
+
+
+def build_and_serve(args: argparse.Namespace, out: str) -> Built:
     with user_input(args.source):
         if is_trace(args.source):
             set_only = [flag for flag, given in (("--split", args.split), ("--problems", args.problems),
@@ -69,10 +80,11 @@ def main(argv: Sequence[str] | None = None) -> Built:
         else:
             built = build_set_site(args.source, out, splits=args.split, problems=args.problems, traces=args.trace,
                                    stream=args.stream, chosen_targets=args.chosen_targets)
-    print(f"{built.pages} pages in {built.seconds:.1f} s: {Path(built.out) / 'index.html'}")
+    print(f"{built.pages} pages in {built.seconds:.1f} s: {Path(built.out) / 'index.html'}", flush=True)
     if args.serve:
         with user_input("--port"), serving(built.out, args.port) as url:
             print(f"serving {url} (Ctrl-C stops)", flush=True)
+            signal.signal(signal.SIGTERM, stop)  # a kill ends the serving as Ctrl-C does (a temporary site is removed)
             try:
                 while True:
                     time.sleep(3600)

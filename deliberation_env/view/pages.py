@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
 
 from deliberation_env.replay.dataset import ReplayCard
 from deliberation_env.view.episodes import Policy
@@ -260,7 +259,3 @@ def legend_tags(policies: Sequence[Policy]) -> dict[str, str]:
     tags = {PROTOCOL_TAGS[name]: name for name in PROTOCOLS}
     tags.update({policy_tag(n): policy.label for n, policy in enumerate(policies)})
     return tags
-
-
-def describe(value: Any) -> str:
-    return esc(value)

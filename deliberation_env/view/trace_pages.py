@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from deliberation_env.analysis.traces import Episode
-from deliberation_env.view.episodes import Policy, ProblemKey, first_joint
+from deliberation_env.analysis.traces import ACTIONS, Episode
+from deliberation_env.view.episodes import Policy, ProblemKey
 from deliberation_env.view.markup import answer_chip, esc, fraction_chip, page, percent, select, table, text_block
 
 ACTION_SHORT = {"PERSIST": "persist", "REFINE": "refine", "CONCEDE": "concede"}
@@ -57,7 +57,7 @@ def trace_index_page(title: str, keys: Sequence[ProblemKey], policies: Sequence[
         choices = []
         for policy in policies:
             joints = policy.joints(key)
-            shown = ", ".join("-".join(ACTION_SHORT[name][0].upper() for name in names(j)) for j in joints)
+            shown = ", ".join("-".join(ACTIONS[a] for a in joint) for joint in joints)
             choices.append(f"{esc(policy.label)}: {esc(shown or '-')}")
         rows.append([f"<a href=\"{trace_file(number)}\">{esc(key[1])}</a>", esc(key[0]),
                      *(fraction_chip(r) for r in rights), "<br>".join(choices)])
@@ -94,11 +94,3 @@ def trace_problem_page(title: str, key: ProblemKey, number: int, total: int, pol
             f"<header><h1>{esc(key[1])}</h1><p class=\"sub\">{esc(title)} · split {esc(key[0])}</p></header>",
             episodes_side_by_side(played)]
     return page(f"{title}: {key[1]}", "\n".join(body), root="../")
-
-
-def names(joint: tuple[int, ...]) -> list[str]:
-    return [list(ACTION_SHORT)[a] for a in joint]
-
-
-def first_actions(episode: Episode) -> tuple[int, ...] | None:
-    return first_joint(episode)
