@@ -132,10 +132,16 @@ def tree_id(page: str) -> str:
 def test_the_command_builds_a_site_and_reports_mistakes_in_one_line(small_set, tmp_path, capsys):
     built = view_main([str(small_set.path), "--out", str(tmp_path / "site"), "--split", "test", "--problems", "0:2"])
     assert built.pages == 3 and "3 pages" in capsys.readouterr().out
+    trace = play_traces(small_set, tmp_path / "traces.jsonl")
+    view_main([str(trace), "--out", str(tmp_path / "traces"), "--labels", "random"])
+    index = (tmp_path / "traces" / "index.html").read_text()
+    assert "<th>random</th>" in index and "<th>threshold</th>" not in index
     cases = [([str(small_set.path)], "--out DIR"),
              ([str(small_set.path), "--out", str(tmp_path / "x"), "--split", "validation"], "no split 'validation'"),
              ([str(small_set.path), "--out", str(tmp_path / "x"), "--problems", "5:2"], "START < END"),
              ([str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x")], "no such trace file"),
+             ([str(trace), "--out", str(tmp_path / "x"), "--labels", "nobody"], "no label 'nobody'"),
+             ([str(trace), "--out", str(tmp_path / "x"), "--split", "test"], "is a trace file"),
              ([str(small_set.path), "--out", str(small_set.path)], "holds other files")]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_info:

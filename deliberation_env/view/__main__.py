@@ -2,7 +2,7 @@
 
     python -m deliberation_env.view qwen05-team-arith --out view/ --serve      # build, then serve on 127.0.0.1
     python -m deliberation_env.view PATH/TO/SET --out view/ --split test --problems 0:50
-    python -m deliberation_env.view qwen05-team-arith --out view/ --trace traces.jsonl   # mark the policies
+    python -m deliberation_env.view qwen05-team-arith --out view/ --trace traces.jsonl --labels softrankpo sft
     python -m deliberation_env.view traces.jsonl --out view/                  # policies side by side
 
 The folder holds ``index.html`` and one page per problem; open ``index.html`` in a browser, or pass ``--serve``.
@@ -44,6 +44,8 @@ def build_parser() -> ArgumentParser:
                         help="positions in each split to show (default: all)")
     parser.add_argument("--trace", nargs="+", default=[], metavar="FILE.jsonl",
                         help="trace files whose policies are marked on the set's grids and shown beside it")
+    parser.add_argument("--labels", nargs="+", default=None, metavar="LABEL",
+                        help="the trace labels (policies) to show, in this order (default: every one)")
     parser.add_argument("--stream", type=nonnegative_int, default=0, help="the sample stream to show (default 0)")
     parser.add_argument("--chosen-targets", action="store_true",
                         help="the grid of the game with CONCEDE to a named peer (sets with every concede target)")
@@ -76,10 +78,10 @@ def build_and_serve(args: argparse.Namespace, out: str) -> Built:
                                                  ("--chosen-targets", args.chosen_targets)) if given]
             if set_only:
                 raise UserError(f"{', '.join(set_only)} choose a replay set's problems; {args.source} is a trace file")
-            built = build_trace_site([args.source, *args.trace], out)
+            built = build_trace_site([args.source, *args.trace], out, args.labels)
         else:
             built = build_set_site(args.source, out, splits=args.split, problems=args.problems, traces=args.trace,
-                                   stream=args.stream, chosen_targets=args.chosen_targets)
+                                   labels=args.labels, stream=args.stream, chosen_targets=args.chosen_targets)
     print(f"{built.pages} pages in {built.seconds:.1f} s: {Path(built.out) / 'index.html'}", flush=True)
     if args.serve:
         with user_input("--port"), serving(built.out, args.port) as url:

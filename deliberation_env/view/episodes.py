@@ -48,15 +48,23 @@ def first_joint(episode: Episode) -> tuple[int, ...] | None:
     return tuple(ACTIONS.index(agent.action) for agent in episode.rounds[1].agents if agent.action is not None)
 
 
-def load_policies(paths: Sequence[str | os.PathLike]) -> list[Policy]:
-    """Every label of the trace files, in order of first appearance (an unlabelled episode takes its file's name)."""
+def load_policies(paths: Sequence[str | os.PathLike], labels: Sequence[str] | None = None) -> list[Policy]:
+    """The labels of the trace files (default: every one, in order of first appearance; an unlabelled episode takes
+    its file's name); ``labels`` picks some, in that order."""
     policies: dict[str, Policy] = {}
     for path in paths:
         for episode in read_traces(path):
             label = episode.label or Path(path).stem
-            policy = policies.setdefault(label, Policy(label))
-            policy.episodes.setdefault((episode.split, episode.problem_id), []).append(episode)
-    return list(policies.values())
+            if labels is None or label in labels:
+                policy = policies.setdefault(label, Policy(label))
+                policy.episodes.setdefault((episode.split, episode.problem_id), []).append(episode)
+    if labels is None:
+        return list(policies.values())
+    missing = [label for label in labels if label not in policies]
+    if missing:
+        found = sorted({e.label or Path(path).stem for path in paths for e in read_traces(path)})
+        raise ValueError(f"--labels: the trace files hold no label {missing[0]!r}; they hold {found}")
+    return [policies[label] for label in labels]
 
 
 def problem_keys(policies: Sequence[Policy]) -> list[ProblemKey]:

@@ -36,10 +36,11 @@ class Built:
 
 
 def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike, *, splits: Sequence[str] | None = None,
-                   problems: Sequence[int] | None = None, traces: Sequence[str | os.PathLike] = (), stream: int = 0,
-                   chosen_targets: bool = False) -> Built:
+                   problems: Sequence[int] | None = None, traces: Sequence[str | os.PathLike] = (),
+                   labels: Sequence[str] | None = None, stream: int = 0, chosen_targets: bool = False) -> Built:
     """The site of a replay set: every problem of ``splits`` (default: all), or the problem indices ``problems``
-    of each; ``traces``: trace files whose policies are marked on the grids and shown beside the recording."""
+    of each; ``traces``: trace files whose policies (``labels``: these only) are marked on the grids and shown
+    beside the recording."""
     started = time.perf_counter()
     replay = source if isinstance(source, ReplaySet) else ReplaySet(source)
     card = replay.card
@@ -50,7 +51,7 @@ def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike
     if chosen_targets and card.concede_targets != "all":
         raise ValueError(f"replay set {card.name!r} recorded CONCEDE to its rule's peer only, so it has no grid of "
                          "chosen concede targets: drop --chosen-targets")
-    policies = load_policies(traces)
+    policies = load_policies(traces, labels)
     texts = record_texts(replay)
     trees: list[ProblemTree] = []
     for split in chosen:
@@ -72,10 +73,12 @@ def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike
     return Built(target, len(trees) + 1, time.perf_counter() - started)
 
 
-def build_trace_site(traces: Sequence[str | os.PathLike], out: str | os.PathLike) -> Built:
-    """The site of trace files: every problem a policy played, the policies' episodes side by side."""
+def build_trace_site(traces: Sequence[str | os.PathLike], out: str | os.PathLike,
+                     labels: Sequence[str] | None = None) -> Built:
+    """The site of trace files: every problem a policy (``labels``: these only) played, their episodes side by
+    side."""
     started = time.perf_counter()
-    policies: list[Policy] = load_policies(traces)
+    policies: list[Policy] = load_policies(traces, labels)
     keys = problem_keys(policies)
     if not keys:
         raise ValueError(f"the trace files {[str(t) for t in traces]} hold no episodes")
