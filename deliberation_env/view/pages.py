@@ -188,8 +188,8 @@ def tool_part(view: AgentView) -> str:
 
 def moves_table(tree: ProblemTree) -> str:
     actions = tree.num_actions
-    header = ["agent", *(("CONCEDE (rule's peer)" if a == 2 else tree.action_label(0, a) if a < 2 else
-                          f"CONCEDE to peer {a - 2}") for a in range(actions))]
+    names = ["PERSIST", "REFINE", "CONCEDE (rule's peer)"] + [f"CONCEDE to peer {k + 1}" for k in range(actions - 3)]
+    header = ["agent", *names]
     rows = []
     for i in range(len(tree.agents)):
         row = [esc(agent_title(tree, i))]

@@ -85,6 +85,8 @@ class ProblemTree:
     concede_targets: list[str | None]
     """The peer each agent's CONCEDE (action 2) adopts under the set's rule; None where it is masked."""
     oracle_actions: list[int]
+    num_actions: int
+    """Action indices per agent: 3, or 2 + N in the game with CONCEDE to a named peer."""
     peers: list[list[str]] = field(default_factory=list)
     """Each agent's peers in observation order: CONCEDE to peer k (action 3 + k) adopts ``peers[agent][k]``."""
     moves: list[dict[int, AgentView]] = field(default_factory=list)
@@ -92,10 +94,6 @@ class ProblemTree:
     cells: list[Cell] = field(default_factory=list)
     protocols: dict[str, tuple[int, ...]] = field(default_factory=dict)
     tokens0: int = 0
-
-    @property
-    def num_actions(self) -> int:
-        return round(len(self.cells) ** (1 / len(self.agents))) if self.cells else 0
 
     def cell(self, joint: Sequence[int]) -> Cell:
         """The cell of a joint action (itertools.product order over the action indices)."""
@@ -220,7 +218,7 @@ class _Walk:
             level=meta.get("level", meta.get("subject")), agents=agents,
             roles=[None if role is None else role.name for role in self.roles], round0=round0, vote=consensus,
             vote_correct=bool(core.grade(consensus)), concede_targets=[infos[a]["concede_target"] for a in agents],
-            oracle_actions=[int(infos[a]["oracle_action"]) for a in agents],
+            oracle_actions=[int(infos[a]["oracle_action"]) for a in agents], num_actions=core.num_actions,
             peers=[[agents[j] for j in core.peer_indices(i)] for i in range(len(agents))], moves=[{} for _ in agents],
             tokens0=sum(int(infos[a]["tokens"]) for a in agents))
         for name in PROTOCOLS:
