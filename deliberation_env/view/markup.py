@@ -72,7 +72,8 @@ def definitions(items: Iterable[tuple[str, str]]) -> str:
     return f"<dl>{rows}</dl>"
 
 
-def table(header: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "", attrs: Iterable[Mapping[str, str]] = ()) -> str:
+def table(header: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "",
+          attrs: Iterable[Mapping[str, str]] = ()) -> str:
     """A table; header cells are escaped, body cells are HTML already. ``attrs``: data attributes per row."""
     head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
     body, extras = [], list(attrs)

@@ -130,14 +130,15 @@ def problem_table(trees: Sequence[ProblemTree], policies: Sequence[Policy]) -> s
 
 
 # ------------------------------------------------------------------------------------------------- problem
-def problem_page(card: ReplayCard, tree: ProblemTree, policies: Sequence[Policy], neighbours: tuple[str | None, str | None],
-                 tags: dict[str, str]) -> str:
+def problem_page(card: ReplayCard, tree: ProblemTree, policies: Sequence[Policy],
+                 neighbours: tuple[str | None, str | None], tags: dict[str, str]) -> str:
     """One problem: the question, round 0, each agent's moves, the grid, and the policies' episodes."""
     previous, following = neighbours
     links = ["<a href=\"../index.html\">all problems</a>"]
     links += [f"<a href=\"../{previous}\" rel=\"prev\">previous</a>"] if previous else []
     links += [f"<a href=\"../{following}\" rel=\"next\">next</a>"] if following else []
-    meta = f"{esc(tree.split)} #{tree.index} · {esc(tree.id)}" + (f" · level {esc(tree.level)}" if tree.level is not None else "")
+    meta = f"{esc(tree.split)} #{tree.index} · {esc(tree.id)}"
+    meta += f" · level {esc(tree.level)}" if tree.level is not None else ""
     body = [f"<nav>{' · '.join(links)}</nav>",
             f"<header><h1>{esc(card.name)}: {esc(tree.split)} #{tree.index}</h1><p class=\"sub\">{meta}</p></header>",
             f"<section class=\"panel question\"><p class=\"q\" id=\"question\">{esc(tree.question)}</p>"
@@ -170,8 +171,9 @@ def round_zero(tree: ProblemTree) -> str:
         items.append(("CONCEDE adopts", "nobody (every peer agrees)" if target_view is None else
                       f"{esc(target)}'s {answer_chip(target_view.answer, target_view.correct)}"))
         items.append(("oracle plays", esc(tree.action_label(i, tree.oracle_actions[i]))))
+        solution = text_block("solution", view.text, open_=True)
         cards.append(f"<article class=\"agent {mark(view.correct)}\" data-agent=\"{i}\"><h3>{esc(agent_title(tree, i))}"
-                     f"</h3>{definitions(items)}{text_block('solution', view.text, open_=True)}{tool_part(view)}</article>")
+                     f"</h3>{definitions(items)}{solution}{tool_part(view)}</article>")
     return f"<div class=\"agents\">{''.join(cards)}</div>"
 
 
@@ -182,8 +184,9 @@ def tool_part(view: AgentView) -> str:
     verdict = ("printed an answer that agrees with the text" if view.tool_agrees else
                "printed an answer the text does not state" if view.tool_ran else "printed no answer")
     output = "(no run recorded)" if view.output is None else view.output
-    return (f"<div class=\"tool\"><p class=\"n\">program: {verdict}</p>"
-            f"{text_block('program', view.program, kind='code')}{text_block('its output', output, open_=True, kind='code')}</div>")
+    program = text_block("program", view.program, kind="code")
+    return (f"<div class=\"tool\"><p class=\"n\">program: {verdict}</p>{program}"
+            f"{text_block('its output', output, open_=True, kind='code')}</div>")
 
 
 def moves_table(tree: ProblemTree) -> str:

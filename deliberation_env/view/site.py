@@ -35,9 +35,10 @@ class Built:
     seconds: float
 
 
-def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike, *, splits: Sequence[str] | None = None,
-                   problems: Sequence[int] | None = None, traces: Sequence[str | os.PathLike] = (),
-                   labels: Sequence[str] | None = None, stream: int = 0, chosen_targets: bool = False) -> Built:
+def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike, *,
+                   splits: Sequence[str] | None = None, problems: Sequence[int] | None = None,
+                   traces: Sequence[str | os.PathLike] = (), labels: Sequence[str] | None = None, stream: int = 0,
+                   chosen_targets: bool = False) -> Built:
     """The site of a replay set: every problem of ``splits`` (default: all), or the problem indices ``problems``
     of each; ``traces``: trace files whose policies (``labels``: these only) are marked on the grids and shown
     beside the recording."""
