@@ -302,7 +302,8 @@ class DeliberationEnv(ParallelEnv):
                 if self.invalid_action == "raise":
                     raise ValueError(
                         f"{action_name(int(value))} is masked for {agent}: no such peer holds a different answer (see "
-                        "obs['action_mask']); pass invalid_action='persist' to treat masked actions as PERSIST"
+                        "obs['action_mask']); this env has invalid_action='raise', the default 'persist' plays a "
+                        "masked action as PERSIST"
                     )
                 action, target = Action.PERSIST, None
             chosen.append(action)

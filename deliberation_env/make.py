@@ -26,8 +26,8 @@ def parallel_env(task: Any = None, backend: Any = "sim", num_agents: int | None 
     ``DeliberationConfig``'s defaults (3 agents, 3 rounds; task ``"arithmetic"``). ``split`` defaults to ``"train"``:
     evaluate with ``split="test"``."""
     trace, label = options.pop("trace", None), options.pop("trace_label", None)
-    given = {name: value for name, value in (("num_agents", num_agents), ("max_rounds", max_rounds))
-             if value is not None}
+    given: dict[str, Any] = {name: value for name, value in (("num_agents", num_agents), ("max_rounds", max_rounds))
+                             if value is not None}
     env = DeliberationEnv(task, backend, split=split, render_mode=render_mode, data_dir=data_dir, **given, **options)
     if trace is None:
         return env

@@ -41,7 +41,6 @@ from baselines.evaluation.evaluate import (
 from baselines.meta.policy import Policy, load_checkpoint, load_policy
 from baselines.runtime import policy_threads
 from deliberation_env.backends.transformers import torch_threads
-from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
@@ -52,6 +51,7 @@ from deliberation_env.cli import (
     report_user_errors,
     user_input,
 )
+from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.replay import ReplayBackend, departures
 from deliberation_env.replay.backend import replay_backend
