@@ -18,8 +18,8 @@ takes a handful of parts; ``parallel_env(...)`` and ``DeliberationEnv(...)`` als
 
 A keyword that is not given never overrides anything: the config's fields come from ``config=`` (else
 ``DeliberationConfig``'s own defaults). On a replay backend (``backend="replay"`` with ``backend_kwargs={"dataset":
-...}``, or a ``ReplayBackend``) without ``config=``, what is not given is the set's recorded game
-(``replay.dataset.env_settings``: task, its kwargs, agents, rounds, confidence, tokens, sampling), not another one.
+...}``, or a ``ReplayBackend``), what is not given is the set's recorded game (``replay.dataset.env_settings``: task,
+its kwargs, and without ``config=`` agents, rounds, confidence, tokens, sampling), not another one.
 """
 
 from __future__ import annotations
@@ -80,11 +80,12 @@ def env_parts(task: str | Task | None, backend: Any, config: DeliberationConfig 
     if invalid_action not in INVALID_ACTION_MODES:
         raise ValueError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
     backends = make_backends(backend, backend_kwargs, cache)
-    recorded = recorded_settings(backends) if config is None else {}
+    recorded = recorded_settings(backends)
     task = task if task is not None else recorded.get("task", DEFAULT_TASK)
     if isinstance(task, str) and task == recorded.get("task") and not given_task_kwargs:
         task_kwargs = dict(recorded["task_kwargs"])
-    config_fields = {name: value for name, value in recorded.items() if name in CONFIG_KEYWORDS}
+    # a given config is the game asked for: the set's check refuses what it cannot serve
+    config_fields = {name: value for name, value in recorded.items() if name in CONFIG_KEYWORDS and config is None}
     config = make_config(config, {**config_fields, **rounds_of(options)})
     return EnvParts(task=make_task(task, data_dir, task_kwargs), backends=per_agent(backends, backend, config.num_agents),
                     config=config, format=format, invalid_action=invalid_action)

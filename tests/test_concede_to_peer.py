@@ -139,7 +139,8 @@ def all_targets_set(tmp_path_factory):
 
 def test_a_set_with_every_concede_target_replays_every_named_concede_equal_to_live(all_targets_set):
     replayed = replay_env(str(all_targets_set), split="test", concede_to_peer=True, invalid_action="persist")
-    live = deliberation_env.parallel_env(**{**SIM, "max_rounds": 1}, streams=1, confidence=replayed.config.confidence,
+    live = deliberation_env.parallel_env(**{**SIM, "max_rounds": 1}, split="test", streams=1,
+                                         confidence=replayed.config.confidence,
                                          concede_to_peer=True, invalid_action="persist")
     played = 0
     for problem in replayed.problems:
