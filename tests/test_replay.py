@@ -20,7 +20,7 @@ from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, Repl
 from deliberation_env.replay.dataset import HUB_PREFIX, read_records
 from deliberation_env.replay.recorder import unrecorded
 
-SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--agents", "3"]
+SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--num-agents", "3"]
 
 
 def same(a, b, path="") -> None:

@@ -150,7 +150,7 @@ class ReplayBackend:
                     "cannot grow rounds or change settings; record a new set with `python -m deliberation_env.record "
                     "--out NEW_FOLDER ...`, or pass fallback=<live backend> to fill gaps")
         return (f"{missing}. Record it with `python -m deliberation_env.record --out {self.set.path} --split "
-                f"{place['split']} --problem-ids {place['problem']} --rounds {card.rounds} BACKEND FLAGS` "
+                f"{place['split']} --problem-ids {place['problem']} --max-rounds {card.rounds} BACKEND FLAGS` "
                 f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
 
 
