@@ -29,7 +29,8 @@ backend that gives none leaves those columns at documented neutral values.
 | ``agreement``  | Box(0, 1, (N-1,), float32)    | 1 where that peer holds the same answer as agent i       |
 | ``action_mask``| Box(0, 1, (A,), int8)         | legal actions (A = 3, or 2 + N): CONCEDE needs a peer with a different answer |
 
-The ground truth never enters an observation.
+The ground truth never enters an observation. A masked action is played as PERSIST (``invalid_action="raise"``
+rejects it). Episodes draw their problems from ``split`` (default ``"train"``; ``split="test"`` to evaluate).
 
 Rewards, per agent and round (``deliberation_env.core.rewards``): ``w_local * r_local +
 w_global * r_global + w_team * r_team + w_tokens * r_tokens`` with r_local (own correctness
