@@ -113,6 +113,23 @@ class ObservationFormat:
             converted[self.mask_key] = raw["action_mask"]
         return converted
 
+    def observation_batch(self, raw: dict[str, np.ndarray]) -> Any:
+        """``observation`` of a batch: every array of ``raw`` has the same leading dimensions (e.g. (B, N) episodes
+        and agents) before the per-agent shape, and so does the result (a flat vector's entries in the same order)."""
+        lead = raw["self"].shape[:-1]
+
+        def flat(keys: Sequence[str]) -> np.ndarray:
+            return np.concatenate([raw[key].reshape(*lead, -1).astype(np.float32, copy=False) for key in keys], axis=-1)
+
+        if self.mode == "flat":
+            return flat(self._flat_keys)
+        if self.mode == "masked":
+            return {self.observation_key: flat(FEATURE_KEYS), self.mask_key: raw["action_mask"]}
+        converted = {key: raw[key] for key in FEATURE_KEYS}
+        if self.mask_in_observation:
+            converted[self.mask_key] = raw["action_mask"]
+        return converted
+
     def info(self, full: dict[str, Any], mask: np.ndarray, agent_index: dict[str, int]) -> dict[str, Any]:
         """Convert one agent's full info dict to this format (adding the mask when it goes in infos)."""
         if self.infos == "full":

@@ -13,7 +13,7 @@ from typing import Any
 
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.replay.backend import ReplayBackend
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, split_mismatch, task_mismatch
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, split_mismatch, split_problem_ids, task_mismatch
 
 
 def parallel_env(task: Any = None, backend: Any = "sim", num_agents: int | None = None, max_rounds: int | None = None,
@@ -50,7 +50,7 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "train"
     if dict(options.get("task_kwargs", card.task_kwargs)) != card.task_kwargs:
         raise ReplayError(f"{where} was recorded with task_kwargs {card.task_kwargs}, not {options['task_kwargs']}: "
                           "drop task_kwargs= (replay_env() builds the recorded task), or record a set with them")
-    if split not in card.splits:  # before the env asks the task for a split it may not have
+    if split_problem_ids(card, split) is None:  # before the env asks the task for a split it may not have
         raise ReplayError(split_mismatch(card, where, split))
     backend = ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model)
     # the env takes every setting not given here from the set's recording (options.env_parts)

@@ -130,6 +130,7 @@ _FILE_MARKERS = {
     "test_backend_openai.py": ("server",), "test_backend_async_openai.py": ("server",),
     "test_backend_faults_openai.py": ("server",), "test_cli_backends.py": ("server", "model"),
     "test_sandbox.py": ("sandbox",), "test_humaneval.py": ("sandbox",), "test_tools.py": ("sandbox",), "test_distributed.py": ("ray",),
+    "test_view_browser.py": ("server",),
 }
 
 

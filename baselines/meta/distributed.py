@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from baselines.meta.config import EnvFactory, env_kwargs
 from baselines.meta.policy import ObsLayout, Policy
 from baselines.meta.rollout import EpisodeSpec, Rollouts, collect
+from baselines.meta.tree_rollout import TreeCollector
 
 RAY_MISSING = 'rollout workers need Ray, which is not installed: pip install "deliberation-env[ray]" (or --num-workers 0)'
 
@@ -172,8 +174,14 @@ class RayCollector:
         self.env.close()
 
 
-def open_collector(cfg: Any, env_fn: Callable[[], Any], wave: int) -> LocalCollector | RayCollector:
-    """``RayCollector`` with ``cfg.num_workers`` workers (at ``cfg.ray_address``), else a ``LocalCollector``."""
+def open_collector(cfg: Any, env_fn: Callable[[], Any], wave: int) -> LocalCollector | RayCollector | TreeCollector:
+    """``RayCollector`` with ``cfg.num_workers`` workers (at ``cfg.ray_address``); else, for a replay set's envs
+    with ``cfg.engine == "tree"``, a ``TreeCollector`` on its compiled tree (the same rollouts); else a
+    ``LocalCollector``."""
     if getattr(cfg, "num_workers", 0) > 0:
         return RayCollector(env_fn, wave, cfg.num_workers, cfg.ray_address, cfg.threads)
+    if isinstance(env_fn, EnvFactory) and env_fn.cfg.replay and getattr(env_fn.cfg, "engine", "env") == "tree":
+        options = env_kwargs(env_fn.cfg, env_fn.split, env_fn.backend)
+        game = {k: v for k, v in options.items() if k not in ("split", "data_dir")}
+        return TreeCollector(env_fn, wave, env_fn.split, game)
     return LocalCollector(env_fn, wave)

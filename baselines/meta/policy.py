@@ -101,17 +101,29 @@ def encode(layout: ObsLayout, obs: Any) -> tuple[np.ndarray, np.ndarray]:
 def encode_many(layout: ObsLayout, observations: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """``stack([encode(layout, o) for o in observations])`` with one numpy call per key instead of several per
     observation (the same values: the same float32 conversion, the same column order)."""
-    count = len(observations)
+    keys = [key for key, _ in (*layout.self_keys, *layout.peer_keys)] + ([layout.mask_key] if layout.mask_key else [])
+    if keys == [""]:
+        return encode_batch(layout, np.stack([np.asarray(o, dtype=np.float32) for o in observations]))
+    return encode_batch(layout, {key: np.stack([np.asarray(o[key]) for o in observations]) for key in keys},
+                        len(observations))
+
+
+def encode_batch(layout: ObsLayout, batch: Any, count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``encode_many`` of observations already stacked: a dict of arrays (or one array for a bare Box) whose first
+    dimension runs over the ``count`` observations (a batched env's, e.g. ``deliberation_env.engine.TreeEnv``'s
+    reshaped to one row per agent)."""
+    if count is None:
+        count = len(batch) if not isinstance(batch, Mapping) else len(next(iter(batch.values())))
 
     def column(key: str) -> np.ndarray:
-        return np.stack([np.asarray(o if key == "" else o[key], dtype=np.float32) for o in observations])
+        return np.asarray(batch if key == "" else batch[key], dtype=np.float32)
 
     parts = [column(key).reshape(count, -1) for key, _ in layout.self_keys]
     if layout.peer_keys:
         columns = [column(key).reshape(count, layout.num_peers, -1) for key, _ in layout.peer_keys]
         parts.append(np.concatenate(columns, axis=2).reshape(count, -1))
     if layout.mask_key:
-        mask = np.stack([np.asarray(o[layout.mask_key], dtype=bool) for o in observations])
+        mask = np.asarray(batch[layout.mask_key], dtype=bool).reshape(count, -1)
     else:
         mask = np.ones((count, layout.num_actions), bool)
     return torch.from_numpy(np.concatenate(parts, axis=1)), torch.from_numpy(mask)

@@ -102,8 +102,7 @@ def collect(
     """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes, ``deliberation_env.vector.run_episodes``). ``policy=None``
     plays uniformly random legal actions; episode i samples them from ``episode_stream(key, specs[i].stream)``
     (``sampling_key`` makes a key); ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
-    rows: dict[str, list[Any]] = {k: [] for k in ("obs", "mask", "actions", "logp", "rewards", "episode", "group",
-                                                   "agent", "step", "labels", "state")}
+    rows = new_rows()
     summaries: list[dict[str, Any]] = []
     streams: dict[int, np.random.Generator] = {}
     rounds: dict[int, int] = {}
@@ -111,14 +110,7 @@ def collect(
     def act(live: list[Step]) -> list[dict[str, int]]:
         batch = [(step, a) for step in live for a in step.env.agents]
         x, mask = encode_many(layout, [step.observations[a] for step, a in batch])
-        if policy is None:
-            logits = torch.zeros(mask.shape).masked_fill(~mask, -1e9)
-        else:
-            with torch.no_grad():
-                logits = policy(x, mask)
-        logp_all = torch.log_softmax(logits, -1)
-        actions = sample(logp_all, np.concatenate([1.0 - streams[s.episode].random(len(s.env.agents)) for s in live]))
-        logp = logp_all.gather(1, actions[:, None]).squeeze(1)
+        actions, logp = choose(policy, x, mask, [(streams[s.episode], len(s.env.agents)) for s in live])
         chosen: dict[int, dict[str, int]] = {step.episode: {} for step in live}
         states = {s.episode: global_state(s.env, layout, s.observations) for s in live} if want_state else {}
         for row, (step, a) in enumerate(batch):
@@ -131,10 +123,7 @@ def collect(
             rows["step"].append(rounds[step.episode])
             if want_state:
                 rows["state"].append(states[step.episode])
-        rows["obs"].append(x.numpy())
-        rows["mask"].append(mask.numpy())
-        rows["actions"].append(actions.numpy())
-        rows["logp"].append(logp.numpy())
+        add_batch(rows, x, mask, actions, logp)
         return [chosen[step.episode] for step in live]
 
     def on_step(step: Step) -> None:
@@ -142,9 +131,7 @@ def collect(
             spec = specs[step.episode]
             streams[step.episode] = episode_stream(key, step.episode if spec.stream is None else spec.stream)
             rounds[step.episode] = 0
-            summaries.append({"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
-                              "returns": dict.fromkeys(step.env.possible_agents, 0.0), "tokens": _tokens(step.infos),
-                              "success": None, "actions": []})
+            summaries.append(new_summary(spec, step.env.possible_agents, _tokens(step.infos)))
             if step.done:
                 _finish(step.infos, summaries[-1])
             return
@@ -164,18 +151,67 @@ def collect(
                 on_episodes(1)
 
     run_episodes(envs, [Start(spec.seed, spec.options) for spec in specs], act, on_step)
-    arrays = {k: np.asarray(v) for k, v in rows.items() if k not in ("obs", "mask", "actions", "logp", "state")}
+    return to_rollouts(rows, summaries, layout, want_state)
+
+
+def choose(policy: Policy | None, x: torch.Tensor, mask: torch.Tensor,
+           streams: Sequence[tuple[np.random.Generator, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled actions and their log-probabilities for the rows of ``x`` (uniform over legal actions without a
+    policy); each (stream, count) of ``streams`` gives the uniforms of its next ``count`` rows."""
+    if policy is None:
+        logits = torch.zeros(mask.shape).masked_fill(~mask, -1e9)
+    else:
+        with torch.no_grad():
+            logits = policy(x, mask)
+    logp_all = torch.log_softmax(logits, -1)
+    actions = sample(logp_all, np.concatenate([1.0 - stream.random(count) for stream, count in streams]))
+    return actions, logp_all.gather(1, actions[:, None]).squeeze(1)
+
+
+def new_summary(spec: EpisodeSpec, agents: Sequence[str], tokens: float) -> dict[str, Any]:
+    """An episode's summary after its reset (``Rollouts.episodes``)."""
+    return {"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
+            "returns": dict.fromkeys(agents, 0.0), "tokens": tokens, "success": None, "actions": []}
+
+
+ROW_KEYS = ("obs", "mask", "actions", "logp", "rewards", "episode", "group", "agent", "step", "labels", "state")
+
+
+def new_rows() -> dict[str, list[Any]]:
+    """Empty per-transition columns (``ROW_KEYS``), filled by a collector and turned into ``Rollouts`` by
+    ``to_rollouts``."""
+    return {key: [] for key in ROW_KEYS}
+
+
+def add_batch(rows: dict[str, list[Any]], x: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor,
+               logp: torch.Tensor) -> None:
+    rows["obs"].append(x.numpy())
+    rows["mask"].append(mask.numpy())
+    rows["actions"].append(actions.numpy())
+    rows["logp"].append(logp.numpy())
+
+
+def to_rollouts(rows: dict[str, list[Any]], summaries: list[dict[str, Any]], layout: ObsLayout,
+                want_state: bool) -> Rollouts:
+    """The collected rows as ``Rollouts`` arrays."""
     return Rollouts(
         obs=np.concatenate(rows["obs"]) if rows["obs"] else np.zeros((0, layout.obs_dim), np.float32),
         mask=np.concatenate(rows["mask"]) if rows["mask"] else np.zeros((0, layout.num_actions), bool),
         actions=np.concatenate(rows["actions"]).astype(np.int64) if rows["actions"] else np.zeros(0, np.int64),
         logp=np.concatenate(rows["logp"]) if rows["logp"] else np.zeros(0, np.float32),
-        rewards=arrays["rewards"].astype(np.float64), episode=arrays["episode"].astype(np.int64),
-        group=arrays["group"].astype(np.int64), agent=arrays["agent"].astype(np.int64),
-        step=arrays["step"].astype(np.int64), labels=arrays["labels"].astype(np.int64),
-        state=np.stack(rows["state"]).astype(np.float32) if want_state and rows["state"] else None,
+        rewards=_flat(rows["rewards"], np.float64), episode=_flat(rows["episode"]), group=_flat(rows["group"]),
+        agent=_flat(rows["agent"]), step=_flat(rows["step"]), labels=_flat(rows["labels"]),
+        state=np.concatenate([np.atleast_2d(np.asarray(v, np.float32)) for v in rows["state"]])
+        if want_state and rows["state"] else None,
         episodes=summaries,
     )
+
+
+def _flat(parts: list[Any], dtype: Any = np.int64) -> np.ndarray:
+    """Rows appended one by one (numbers, by ``collect``) or as arrays (``collect_tree``), as one array."""
+    if not parts or np.isscalar(parts[0]):
+        return np.asarray(parts, dtype)
+    return np.concatenate([np.asarray(v, dtype).reshape(-1) for v in parts])
 
 
 def _tokens(infos: dict[str, dict[str, Any]]) -> float:

@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
             connect(cfg.ray_address)
     with user_input():
         backend = build_backend(cfg)
-        env_fn = make_env_fn(cfg, "train", backend)
+        env_fn = make_env_fn(cfg, cfg.train_split, backend)
         env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
         if options.evaluate:
             from baselines.evaluation.evaluate import check_problem_count

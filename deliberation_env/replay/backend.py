@@ -28,7 +28,15 @@ from typing import Any, cast
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import DeliberationConfig
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings, record_of, rich_request, write_card
+from deliberation_env.replay.dataset import (
+    ReplayError,
+    ReplaySet,
+    env_settings,
+    record_of,
+    rich_request,
+    task_split,
+    write_card,
+)
 from deliberation_env.replay.format import write_chunk
 from deliberation_env.replay.markdown import card_markdown
 from deliberation_env.tasks.base import Problem, Task
@@ -87,7 +95,7 @@ class ReplayBackend:
         streams = card.streams if config.streams is None else config.streams
         problems = self.set.check(task, replace(config, streams=streams, request_format=card.request_format), split)
         self.bound = True
-        self._splits.update((problem.id, split) for problem in task.problems(split))
+        self._splits.update((problem.id, task_split(card, split)) for problem in problems)
         return Binding(split, problems, streams, card.request_format)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:

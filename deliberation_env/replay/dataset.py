@@ -49,6 +49,11 @@ RECORD_FIELDS = ("key", "split", "problem", "stream", "round", "agent", "kind", 
 LOOKUP_MEMO = 1 << 16
 """Completions ``ReplaySet.lookup`` remembers at most (then it starts over)."""
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+DERIVED_SPLITS = {"validation": "train", "fit": "train"}
+"""Splits carved from a recorded one (docs/benchmark.md): ``validation`` holds the recorded ``train`` problems whose
+``in_validation`` is true (about one in ``VALIDATION_SHARE``), ``fit`` the others. Fixed by the problem ids alone, so
+every set, run and machine carves them alike; a set that records a split of one of these names plays its own."""
+VALIDATION_SHARE = 4
 
 
 class ReplayError(ValueError):
@@ -360,14 +365,15 @@ class ReplaySet:
                               f"{config.confidence!r}")
         if config.streams != card.streams:
             raise ReplayError(f"{where} holds {card.streams} stream(s) per problem; the env has streams={config.streams}")
-        if split not in card.splits:
+        recorded = split_problem_ids(card, split)
+        if recorded is None:
             raise ReplayError(split_mismatch(card, where, split))
-        by_id = {problem.id: problem for problem in task.problems(split)}
-        missing = next((problem_id for problem_id in card.splits[split] if problem_id not in by_id), None)
+        by_id = {problem.id: problem for problem in task.problems(task_split(card, split))}
+        missing = next((problem_id for problem_id in recorded if problem_id not in by_id), None)
         if missing is not None:
             raise ReplayError(f"{where} holds problem {missing!r}, which split {split!r} of the task does not "
                               f"have (task_kwargs {card.task_kwargs}); build the env with replay_env()")
-        problems = [by_id[problem_id] for problem_id in card.splits[split]]
+        problems = [by_id[problem_id] for problem_id in recorded]
         key = (split, fingerprint, tuple((p.id, p.question) for p in problems),
                *(getattr(config, name) for name in SETTING_FIELDS))
         if key not in self._passed:
@@ -395,9 +401,32 @@ def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
             f"`python -m deliberation_env.record --task {task} ...`")
 
 
+def in_validation(problem_id: str) -> bool:
+    """Whether a recorded ``train`` problem belongs to the derived ``validation`` split (a hash of its id)."""
+    return int(hashlib.sha256(problem_id.encode("utf-8")).hexdigest(), 16) % VALIDATION_SHARE == 0
+
+
+def split_problem_ids(card: ReplayCard, split: str) -> list[str] | None:
+    """The problem ids a set holds for ``split``: a recorded split's, a derived split's (``DERIVED_SPLITS``), or None
+    when it has neither."""
+    if split in card.splits:
+        return list(card.splits[split])
+    parent = DERIVED_SPLITS.get(split)
+    if parent is None or parent not in card.splits:
+        return None
+    return [pid for pid in card.splits[parent] if in_validation(pid) == (split == "validation")]
+
+
+def task_split(card: ReplayCard, split: str) -> str:
+    """The task's split whose problems ``split`` holds (a derived split's parent)."""
+    return split if split in card.splits else DERIVED_SPLITS.get(split, split)
+
+
 def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
     """The error of an env that asks a replay set for a split it did not record."""
-    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}: pass one of them as split=, or "
+    derived = sorted(name for name, parent in DERIVED_SPLITS.items() if parent in card.splits)
+    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)} (and {derived}, carved from "
+            "them): pass one of them as split=, or "
             f"record {split!r} into the set with `python -m deliberation_env.record --split {split} ...` (the card's "
             "commands show the other flags)")
 

@@ -1,0 +1,204 @@
+"""The compiled-tree engine plays the PettingZoo env's game: every joint action of sampled problems of every shipped
+set and game, every joint-action sequence of a 2-round set, the cache's staleness checks, and exact evaluation
+against sampled play."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from deliberation_env.engine import StaleTree, TreeEnv, compile_tree, expected_scores, greedy_probabilities
+from deliberation_env.engine import tree as tree_module
+from deliberation_env.make import replay_env
+from deliberation_env.record import main as record
+from deliberation_env.replay import ReplaySet
+
+SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--agents", "3"]
+INFO_KEYS = ("consensus_correct", "correct", "tokens", "oracle_action")
+GAMES = {  # every shipped set and the games the suite plays on it (and other recorded confidence sources and rules)
+    "qwen05-arith": [{"features": "v1"}, {"features": "v2"}, {"features": "v2", "confidence": "answer_logprobs"}],
+    "qwen05-arith-v2": [{"features": "v1"}, {"features": "v2"}, {"features": "v3", "concede_to_peer": True},
+                        {"features": "v2", "confidence": "critic", "concede_target": "plurality"}],
+    "qwen05-team-arith": [{"features": "v1"}, {"features": "v2"}, {"features": "v3", "concede_to_peer": True}],
+}
+CASES = [(name, game) for name, games in GAMES.items() for game in games]
+
+
+def assert_same_step(env, tree_obs, row, observations, infos, rewards=None, tree_rewards=None, tree_info=None):
+    """The env's outputs for every agent equal row ``row`` of the tree env's batch."""
+    for k, agent in enumerate(env.possible_agents):
+        for key, value in observations[agent].items():
+            assert np.array_equal(value, tree_obs[key][row, k]), (agent, key)
+        if tree_info is not None:
+            for key in INFO_KEYS:
+                assert infos[agent][key] == tree_info[key][row if key == "consensus_correct" else (row, k)], (agent, key)
+        if rewards is not None:
+            assert rewards[agent] == pytest.approx(float(tree_rewards[row, k]), abs=1e-6)
+            for name in env.config.reward_weights:
+                assert infos[agent][f"reward_{name}"] == pytest.approx(float(tree_info[f"reward_{name}"][row, k]))
+
+
+def compare_every_sequence(tree, env, problems, seeds, rounds):
+    """Every joint-action sequence of ``rounds`` rounds on problem index ``problems`` x episode ``seeds``: the tree env
+    (one episode per sequence, in one batch) against the env (one by one). Returns the episodes compared."""
+    joints = tree.joint_actions()
+    sequences = list(itertools.product(range(len(joints)), repeat=rounds))
+    compared = 0
+    for problem, seed in itertools.product(problems, seeds):
+        batch = TreeEnv(tree, len(sequences), invalid_action="persist")
+        tree_obs, tree_info = batch.reset(seeds=[seed] * len(sequences), problems=[problem] * len(sequences))
+        steps = [(tree_obs, None, None, tree_info)]
+        for depth in range(rounds):
+            actions = joints[[sequence[depth] for sequence in sequences]]
+            tree_obs, tree_rewards, done, _, tree_info = batch.step(actions)
+            steps.append((tree_obs, tree_rewards, done, tree_info))
+        for row, sequence in enumerate(sequences):
+            observations, infos = env.reset(seed=seed, options={"problem_index": problem})
+            assert_same_step(env, steps[0][0], row, observations, infos, tree_info=steps[0][3])
+            for depth, j in enumerate(sequence):
+                if not env.agents:
+                    assert steps[depth][2][row]  # the tree ended the episode too
+                    break
+                observations, rewards, terminations, _, infos = env.step(dict(zip(env.possible_agents, joints[j].tolist())))
+                obs_t, rewards_t, done_t, info_t = steps[depth + 1]
+                assert_same_step(env, obs_t, row, observations, infos, rewards, rewards_t, info_t)
+                assert all(terminations.values()) == bool(done_t[row])
+            compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("name,game", CASES, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in g.items())}" for n, g in CASES])
+def test_the_tree_env_plays_every_joint_action_of_every_shipped_set_and_game_as_the_env(name, game):
+    tree = compile_tree(name, "test", problems=[0, 37, 211], cache=False, **game)
+    env = replay_env(name, "test", invalid_action="persist", **game)
+    subset = [env.problems.index(next(p for p in env.problems if p.id == pid)) for pid in tree.problem_ids]
+    subset_env = replay_env(name, "test", invalid_action="persist", **game)
+    subset_env.problems = [env.problems[i] for i in subset]  # the tree's problem indices are the subset's
+    assert tree.num_joint == (27 if not game.get("concede_to_peer") else 125)
+    assert compare_every_sequence(tree, subset_env, range(3), [0], rounds=1) == 3 * tree.num_joint
+
+
+@pytest.fixture(scope="module")
+def two_round_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sets") / "sim-2-rounds"
+    record(["--out", str(out), "--split", "test", "--problems", "0:3", "--streams", "2", "--rounds", "2",
+            "--concede-targets", "rule", *SIM_FLAGS])
+    return ReplaySet(out)
+
+
+@pytest.mark.parametrize("game", [{"features": "v2"}, {"features": "v1", "early_stop": True}])
+def test_every_two_round_sequence_of_a_recorded_sim_set_plays_alike(two_round_set, game):
+    tree = compile_tree(two_round_set, "test", cache=False, **game)
+    env = replay_env(two_round_set, "test", invalid_action="persist", **game)
+    assert tree.max_rounds == 2 and tree.streams == 2
+    # seeds 0..3 reach both streams (the stream is the episode seed modulo 2)
+    streams = {int(np.random.default_rng(seed).integers(0, 2**62)) % 2 for seed in range(4)}
+    assert streams == {0, 1}
+    assert compare_every_sequence(tree, env, range(3), range(4), rounds=2) == 3 * 4 * 27 ** 2
+    if game.get("early_stop"):  # all PERSIST on a unanimous team ends the episode after round 1
+        assert tree.done[:, 0].any() and not tree.done[:, 1:].all()
+
+
+def test_seeded_resets_draw_the_env_s_problems_and_streams(two_round_set):
+    tree = compile_tree(two_round_set, "test", cache=False)
+    env = replay_env(two_round_set, "test")
+    seeds = list(range(40))
+    _, info = TreeEnv(tree, len(seeds)).reset(seeds=seeds)
+    drawn = []
+    for seed in seeds:
+        env.reset(seed=seed)
+        drawn.append((env.deliberation.problem.id, env.deliberation.seed))
+    assert [tree.problem_ids[p] for p in info["problem"]] == [problem for problem, _ in drawn]
+    assert len(set(info["stream"].tolist())) == 2
+
+
+def test_a_masked_action_raises_unless_played_as_persist():
+    tree = compile_tree("qwen05-arith-v2", "test", problems=[0, 1, 2, 3, 4, 5], cache=False)
+    masked = np.argwhere(tree.mask[tree.roots[:, 0]] == 0)
+    assert len(masked), "no masked CONCEDE among these roots"
+    problem, agent, action = masked[0]
+    env = TreeEnv(tree, 1)
+    env.reset(seeds=[0], problems=[int(problem)])
+    actions = np.zeros((1, 3), np.int64)
+    actions[0, agent] = action
+    with pytest.raises(ValueError, match="masked"):
+        env.step(actions)
+    lenient = TreeEnv(tree, 1, invalid_action="persist")
+    lenient.reset(seeds=[0], problems=[int(problem)])
+    _, rewards, _, _, info = lenient.step(actions)
+    lenient.reset(seeds=[0], problems=[int(problem)])
+    _, rewards_persist, _, _, info_persist = lenient.step(np.zeros((1, 3), np.int64))
+    assert np.array_equal(rewards, rewards_persist) and info["node"] == info_persist["node"]
+
+
+def test_a_cached_tree_is_reused_and_a_stale_one_is_compiled_again(two_round_set, tmp_path, monkeypatch):
+    monkeypatch.setenv("DELIBERATION_ENV_CACHE", str(tmp_path))
+    first = compile_tree(two_round_set, "test", features="v2")
+    files = list((tmp_path / "trees").glob("*.npz"))
+    assert len(files) == 1
+    again = compile_tree(two_round_set, "test", features="v2")
+    assert again.key == first.key and np.array_equal(again.rows, first.rows)
+    # another game, another key and file
+    compile_tree(two_round_set, "test", features="v1")
+    assert len(list((tmp_path / "trees").glob("*.npz"))) == 2
+    # a cached tree whose arrays no longer match what the env plays is not used
+    tampered = tree_module.CompiledTree.load(files[0])
+    tampered.rows[:] = 0.0
+    tampered.save(files[0])
+    with pytest.raises(StaleTree, match="stale"):
+        tree_module.verify(tampered, tree_module.reference_env(two_round_set, "test", {"features": "v2"}), 4)
+    fixed = compile_tree(two_round_set, "test", features="v2")
+    assert np.array_equal(fixed.rows, first.rows)
+    assert np.array_equal(tree_module.CompiledTree.load(files[0]).rows, first.rows)  # rewritten
+    # a change to the code that decides outcomes changes the key, so the cache is not consulted
+    monkeypatch.setattr(tree_module, "code_fingerprint", lambda: "another-version")
+    assert compile_tree(two_round_set, "test", features="v2").key != first.key
+
+
+def uniform(observations, nodes):
+    mask = observations["action_mask"].astype(np.float64)
+    return mask / mask.sum(-1, keepdims=True)
+
+
+def test_exact_evaluation_agrees_with_sampled_play(two_round_set):
+    tree = compile_tree(two_round_set, "test", cache=False)
+    exact = expected_scores(tree, uniform)
+    env = TreeEnv(tree, 200_000)
+    rng = np.random.default_rng(0)
+    observations, info = env.reset(seed=1)
+    problems, tokens = info["problem"], info["tokens"].sum(-1).astype(np.float64)
+    while not env.ended.all():
+        probabilities = uniform(observations, None)
+        actions = (probabilities.cumsum(-1) < rng.random(probabilities.shape[:-1])[..., None]).sum(-1)
+        observations, _, _, _, info = env.step(actions)
+        tokens += np.where(info["live"], info["tokens"].sum(-1), 0)
+    right = info["consensus_correct"]
+    weights = np.full(len(tree.problem_ids), 1 / len(tree.problem_ids))
+    for p in range(len(tree.problem_ids)):
+        mine = problems == p
+        se = right[mine].std() / np.sqrt(mine.sum())
+        assert abs(right[mine].mean() - exact["accuracy"][p]) < 4 * se + 1e-9
+        assert abs(tokens[mine].mean() - exact["tokens"][p]) < 4 * tokens[mine].std() / np.sqrt(mine.sum()) + 1e-6
+    assert weights @ exact["accuracy"] == pytest.approx(right.mean(), abs=0.01)
+
+
+def test_a_greedy_policy_s_exact_score_is_what_the_env_plays():
+    tree = compile_tree("qwen05-arith-v2", "test", problems=range(40), cache=False)
+
+    def confident_persist(observations, nodes):  # PERSIST when confident, else CONCEDE if allowed, else REFINE
+        confidence = observations["self"][..., 3]
+        prefer = np.where(confidence >= 0.6, 0, np.where(observations["action_mask"][..., 2] > 0, 2, 1))
+        return np.eye(3)[prefer]
+
+    exact = expected_scores(tree, lambda o, n: greedy_probabilities(confident_persist(o, n)))
+    env = replay_env("qwen05-arith-v2", "test")
+    played = []
+    for problem_id in tree.problem_ids:
+        observations, _ = env.reset(seed=0, options={"problem_id": problem_id})
+        batch = {key: np.stack([observations[a][key] for a in env.possible_agents])[None] for key in observations["agent_0"]}
+        actions = confident_persist(batch, None)[0].argmax(-1)
+        _, _, _, _, infos = env.step(dict(zip(env.possible_agents, actions.tolist())))
+        played.append(infos["agent_0"]["consensus_correct"])
+    assert np.array_equal(exact["accuracy"], np.array(played, float))
