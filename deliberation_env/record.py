@@ -1,10 +1,10 @@
 """Record a replay set: a model's whole deliberation tree on a range of problems (``replay.recorder``).
 
     python -m deliberation_env.record --out runs/qwen05-arith --task arithmetic \\
-        --task-option levels=[0,1] --split test --problems 0:400 --agents 3 --rounds 1 \\
+        --task-option levels=[0,1] --split test --problems 0:400 --num-agents 3 --max-rounds 1 \\
         --max-tokens 256 --confidence critic_text --backend transformers --model Qwen.gguf
 
-Every stream, confidence source (``--sources``) and legal joint action sequence up to ``--rounds`` is
+Every stream, confidence source (``--sources``) and legal joint action sequence up to ``--max-rounds`` is
 recorded. Problems are recorded ``--chunk`` at a time: each finished chunk is a file of its own and is
 listed in the card, so an interrupted run rerun with the same command loses nothing and goes on where
 it stopped. ``--branch-limit K`` bounds rounds past the first (see ``replay.recorder``). The card, and
@@ -24,6 +24,7 @@ from deliberation_env.backends.tools import with_tools
 from deliberation_env.cli import (
     ArgumentParser,
     KeyValueAction,
+    RenamedFlag,
     UserError,
     add_backend_arguments,
     backend_settings,
@@ -53,8 +54,11 @@ def parse_args(argv: list[str] | None) -> Any:
                         help="positions in the split to record (default: all)")
     parser.add_argument("--problem-ids", nargs="+", default=None, metavar="ID", help="record these problems instead")
     parser.add_argument("--streams", type=positive_int, default=1, help="sample streams per problem (default 1)")
-    parser.add_argument("--agents", type=positive_int, default=3)
-    parser.add_argument("--rounds", type=positive_int, default=1, help="deliberation rounds to record (default 1)")
+    parser.add_argument("--num-agents", "--agents", dest="agents", action=RenamedFlag, type=positive_int, default=3,
+                        help="agents of the team (default 3; --agents is its old name, still accepted with a warning)")
+    parser.add_argument("--max-rounds", "--rounds", dest="rounds", action=RenamedFlag, type=positive_int, default=1,
+                        help="deliberation rounds to record (default 1; --rounds is its old name, still accepted with "
+                             "a warning)")
     parser.add_argument("--confidence", default="critic_text", choices=CONFIDENCE_SOURCES,
                         help="the confidence source replay_env() uses by default")
     parser.add_argument("--sources", nargs="+", default=list(CONFIDENCE_SOURCES), choices=CONFIDENCE_SOURCES,

@@ -1,8 +1,8 @@
 """``backend="replay"``: answer an env's requests from a recorded replay set (see ``replay.dataset``).
 
-    env = deliberation_env.parallel_env(task="arithmetic", backend="replay",
-                                        backend_kwargs={"dataset": "qwen05-arith-v2"}, ...)
-    env = deliberation_env.replay_env("qwen05-arith-v2", split="test")   # the set's own settings
+    env = deliberation_env.parallel_env(backend="replay", backend_kwargs={"dataset": "qwen05-arith-v2"},
+                                        split="train")      # the set's recorded game, for what is not given
+    env = deliberation_env.replay_env("qwen05-arith-v2", split="train")   # the same: the set's own settings
 
 At env construction the backend checks that the set serves every episode the env can play
 (``ReplaySet.check``): the same task prompts and problems, the same request-determining settings, no
@@ -28,7 +28,15 @@ from typing import Any, cast
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import DeliberationConfig
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, record_of, rich_request, task_split, write_card
+from deliberation_env.replay.dataset import (
+    ReplayError,
+    ReplaySet,
+    env_settings,
+    record_of,
+    rich_request,
+    task_split,
+    write_card,
+)
 from deliberation_env.replay.format import write_chunk
 from deliberation_env.replay.markdown import card_markdown
 from deliberation_env.tasks.base import Problem, Task
@@ -150,8 +158,15 @@ class ReplayBackend:
                     "cannot grow rounds or change settings; record a new set with `python -m deliberation_env.record "
                     "--out NEW_FOLDER ...`, or pass fallback=<live backend> to fill gaps")
         return (f"{missing}. Record it with `python -m deliberation_env.record --out {self.set.path} --split "
-                f"{place['split']} --problem-ids {place['problem']} --rounds {card.rounds} BACKEND FLAGS` "
+                f"{place['split']} --problem-ids {place['problem']} --max-rounds {card.rounds} BACKEND FLAGS` "
                 f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
+
+
+def recorded_settings(backends: Sequence[Any]) -> dict[str, Any]:
+    """The recorded game (``env_settings``) of the replay set the backends replay, also under wrappers; {} when none
+    does. Envs on a replay backend take these for every setting not given, so that they play the set's own game."""
+    replays = [r for r in map(replay_backend, backends) if r is not None]
+    return env_settings(replays[0].set.card) if replays else {}
 
 
 def replay_backend(backend: Any) -> ReplayBackend | None:

@@ -240,6 +240,16 @@ def env_settings(card: ReplayCard) -> dict[str, Any]:
             "max_rounds": card.rounds, "confidence": card.confidence, "request_format": card.request_format, **settings}
 
 
+def departures(card: ReplayCard, config: DeliberationConfig) -> list[str]:
+    """Where ``config`` plays another game than the set's recording (settings a set can serve differently: fewer
+    rounds, another recorded confidence source), e.g. ``["confidence='critic' (recorded 'critic_text')"]``."""
+    recorded = env_settings(card)
+    played = {name: roles_setting(config.roles) if name == "roles" else getattr(config, name)
+              for name in recorded if hasattr(config, name)}
+    return [f"{name}={value!r} (recorded {recorded[name]!r})" for name, value in played.items()
+            if value != recorded[name]]
+
+
 def shipped() -> list[str]:
     """The names of the replay sets shipped in the package."""
     return sorted(p.name for p in SETS_DIR.iterdir() if (p / "card.json").is_file()) if SETS_DIR.is_dir() else []
