@@ -114,12 +114,12 @@ def test_seeded_resets_draw_the_env_s_problems_and_streams(two_round_set):
     assert len(set(info["stream"].tolist())) == 2
 
 
-def test_a_masked_action_raises_unless_played_as_persist():
+def test_a_masked_action_is_played_as_persist_or_raises_when_asked():
     tree = compile_tree("qwen05-arith-v2", "test", problems=[0, 1, 2, 3, 4, 5], cache=False)
     masked = np.argwhere(tree.mask[tree.roots[:, 0]] == 0)
     assert len(masked), "no masked CONCEDE among these roots"
     problem, agent, action = masked[0]
-    env = TreeEnv(tree, 1)
+    env = TreeEnv(tree, 1, invalid_action="raise")
     env.reset(seeds=[0], problems=[int(problem)])
     actions = np.zeros((1, 3), np.int64)
     actions[0, agent] = action

@@ -21,8 +21,8 @@ action): ``reset(seeds=[...])`` draws each episode's problem and stream from its
 | info                 | arrays: ``consensus_correct`` (B,), ``correct``, ``tokens``, ``oracle_action`` (B, N), |
 |                      | ``reward_<component>`` (B, N), ``problem``, ``stream``, ``node`` (B,)         |
 
-A masked action raises ``ValueError`` (the env's default); ``invalid_action="persist"`` plays it as PERSIST, as
-the env does. Episodes do not restart by themselves: ``reset(...)`` starts a new batch, ``reset_done(...)`` restarts
+A masked action is played as PERSIST (``invalid_action="persist"``, the env's default); ``invalid_action="raise"``
+raises ``ValueError`` instead, as the env does with that option. Episodes do not restart by themselves: ``reset(...)`` starts a new batch, ``reset_done(...)`` restarts
 only the ended ones (the other rows keep their state). ``engine.gym.TreeVectorEnv`` is the Gymnasium form.
 """
 
@@ -41,7 +41,7 @@ class TreeEnv:
     """``num_envs`` episodes of a ``CompiledTree`` stepped together (see the module docstring)."""
 
     def __init__(self, tree: CompiledTree, num_envs: int, *, format: ObservationFormat | None = None,
-                 invalid_action: str = "raise", **format_keywords: Any):
+                 invalid_action: str = "persist", **format_keywords: Any):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if invalid_action not in ("raise", "persist"):

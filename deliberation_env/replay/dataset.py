@@ -425,8 +425,9 @@ def task_split(card: ReplayCard, split: str) -> str:
 def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
     """The error of an env that asks a replay set for a split it did not record."""
     derived = sorted(name for name, parent in DERIVED_SPLITS.items() if parent in card.splits)
-    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)} (and {derived}, carved from "
-            "them): pass one of them as split=, or "
+    carved = f" (and {derived}, carved from them)" if derived else ""
+    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}{carved}: pass one of them as "
+            "split=, or "
             f"record {split!r} into the set with `python -m deliberation_env.record --split {split} ...` (the card's "
             "commands show the other flags)")
 
