@@ -71,17 +71,18 @@ class TreeEnv:
         fixes each episode's problem index (as ``options={"problem_index": ...}``; None: drawn)."""
         self.node[:] = self._starts(self.num_envs, seed, seeds, problems)
         self.ended[:] = False
-        return self._observe(self.node), self._info(self.node)
+        return self._observe(self.node), self.node_info(self.node)
 
-    def reset_done(self, seed: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
-        """Restart the ended episodes only (drawn from this env's generator, seeded by ``seed`` if given)."""
-        ended = self.ended
+    def reset_done(self, seed: int | None = None, which: np.ndarray | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """Restart the ended episodes (those of them where ``which`` is true, if given), drawn from this env's
+        generator (seeded by ``seed`` if given); the others keep their state."""
+        ended = self.ended if which is None else self.ended & np.asarray(which, bool)
         if ended.all():
             self.node[:] = self._starts(self.num_envs, seed, None, None)
         elif ended.any():
             self.node[ended] = self._starts(int(ended.sum()), seed, None, None)
-        ended[:] = False
-        return self._observe(self.node), self._info(self.node)
+        self.ended[ended] = False
+        return self._observe(self.node), self.node_info(self.node)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """One round of every live episode (see the module docstring)."""
@@ -120,7 +121,7 @@ class TreeEnv:
             done = self.ended.copy()
             done[live] = ints[:, 1].astype(bool)
         self.ended = done
-        info = self._info(self.node)
+        info = self.node_info(self.node)
         info["live"] = live
         for c, name in enumerate(tree.component_names):
             info[f"reward_{name}"] = floats[:, :, 1 + c]
@@ -193,7 +194,8 @@ class TreeEnv:
             return np.concatenate([packed, mask.astype(np.float32)], axis=-1)
         return packed
 
-    def _info(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
+    def node_info(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
+        """The info arrays (module docstring) of the given nodes."""
         n = self.tree.num_agents
         ints = np.take(self._node_ints, nodes, axis=0)
         return {"consensus_correct": ints[..., 0].astype(bool), "correct": ints[..., 1:1 + n].astype(bool),
