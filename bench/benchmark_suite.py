@@ -110,7 +110,9 @@ def read(folder: str) -> dict:
                 value = os.path.basename(path).split("-")[1]
                 grid.setdefault(value, []).append(float(Scores.load(path).accuracy.mean()))
             chosen = os.path.basename(finals[0]).split("-")[1]
-            found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen}
+            validation = [Scores.load(p.replace("-test.csv", "-validation.csv")) for p in finals]
+            found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen,
+                                       "validation": float(np.mean([v.accuracy.mean() for v in validation]))}
     return found
 
 
@@ -131,15 +133,18 @@ def report(args) -> str:
         lines += [f"## {cell.name}", "", f"Best protocol on validation: **{best}** ({validation[best].accuracy.mean():.3f} "
                   f"validation, {reference.mean():.3f} test). Protocols on test: " + ", ".join(
                       f"{n} {s.accuracy.mean():.3f}" for n, s in sorted(test.items())) + ".", "",
-                  "| trainer | lr (chosen on validation) | seeds | test accuracy | IQM | vs best protocol, points "
-                  f"[{100 * level:.2f}%] | tokens | per seed |", "|---|---|---|---|---|---|---|---|"]
-        rows = sorted(found["trainers"].items(), key=lambda item: -np.mean([r.accuracy.mean() for r in item[1]["runs"]]))
+                  "| trainer | lr (chosen on validation) | seeds | validation accuracy | test accuracy | IQM | vs best "
+                  f"protocol, points [{100 * level:.2f}%] | tokens | per seed |", "|---|---|---|---|---|---|---|---|---|"]
+        rows = sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+        lines[-2:-2] = [f"The row to headline, chosen on validation (the best trainer's mean validation accuracy over "
+                        f"its seeds): **{rows[0][0]}**. Rows are in that order.", ""]
         for algo, trainer in rows:
             runs = np.stack([r.accuracy for r in trainer["runs"]])
             diff, low, high = hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level)
             per_seed = runs.mean(1)
             cellv = f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
-            lines.append(f"| {algo} | {trainer['chosen'].removeprefix('lr')} | {len(per_seed)} | {per_seed.mean():.3f} | "
+            lines.append(f"| {algo} | {trainer['chosen'].removeprefix('lr')} | {len(per_seed)} | "
+                         f"{trainer['validation']:.3f} | {per_seed.mean():.3f} | "
                          f"{interquartile_mean(per_seed):.3f} | {f'**{cellv}**' if low > 0 else cellv} | "
                          f"{np.mean([r.tokens.mean() for r in trainer['runs']]):,.0f} | "
                          + ", ".join(f"{v:.3f}" for v in per_seed) + " |")

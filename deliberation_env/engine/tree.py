@@ -158,7 +158,12 @@ def cache_dir() -> Path:
 
 
 def code_fingerprint() -> str:
-    """A hash of the source that decides a game's outcomes and observations (see the module docstring)."""
+    """A hash of the source that decides a game's outcomes and observations (see the module docstring), as it was
+    when this process loaded it: a process running older code never keys its trees as the files' newer code."""
+    return _FINGERPRINT
+
+
+def _source_fingerprint() -> str:
     package = Path(__file__).resolve().parent.parent
     paths = [p for d in _SOURCE_DIRS for p in sorted((package / d).glob("*.py"))]
     paths += [package / name for name in _SOURCE_FILES]
@@ -167,6 +172,9 @@ def code_fingerprint() -> str:
         digest.update(path.relative_to(package).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+_FINGERPRINT = _source_fingerprint()
 
 
 def game_options(options: Mapping[str, Any]) -> dict[str, Any]:
