@@ -129,6 +129,8 @@ class Deliberation:
         self._starting = False
         self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
+        self._solutions: dict[int, Completion] = {}
+        """The solutions whose programs are running (a TOOL phase), by agent."""
         self.round_requests: list[tuple[int, str, int, int]] = []
         """(agent, kind, prompt_tokens, completion_tokens) of every request answered in the current round (since
         ``start`` or ``begin_round``), in order: what the agents' ``step_tokens`` are made of (traces read it)."""
@@ -158,7 +160,7 @@ class Deliberation:
         self.agents = [AgentState() for _ in range(self.config.num_agents)]
         self.round, self.done, self._grades = 0, False, {}
         self._changed, self._starting = [], True
-        self._derived = {}
+        self._derived, self._solutions = {}, {}
         self.round_requests = []
         self._request_generation([(i, self._tasks[i].solve_messages(problem), "solve")
                                   for i in range(self.config.num_agents)])
@@ -214,11 +216,11 @@ class Deliberation:
             runs = []
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
-                if self.config.confidence == "answer_logprobs":
-                    agent = self.agents[request.agent]
-                    agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
                 if self._tools[request.agent] is not None and (program := program_of(completion.text)) is not None:
                     runs.append(self._request(request.agent, run_messages(program), "run"))
+                    self._solutions[request.agent] = completion  # read once the program's output is in
+                else:
+                    self._read_answer(request.agent, completion)
             if runs:
                 self._pending, self.phase = runs, Phase.TOOL
             else:
@@ -226,6 +228,7 @@ class Deliberation:
         elif self.phase is Phase.TOOL:
             for request, completion in zip(requests, completions):
                 self._absorb_output(request.agent, completion.text)
+                self._read_answer(request.agent, self._solutions.pop(request.agent))
             self._request_critics()
         elif self.phase is Phase.CRITIC:
             for request, completion in zip(requests, completions):
@@ -465,8 +468,6 @@ class Deliberation:
         changed = answer != agent.answer
         agent.text, agent.answer = text, answer
         agent.correct = self.grade(answer)
-        if self._signals:
-            agent.signals = features.completion_signals(completion, answer)
         length = min(completion.completion_tokens / self.config.max_tokens, 1.0)
         agent.profile = (
             text_features[0],
@@ -476,6 +477,15 @@ class Deliberation:
             1.0 if changed and not self._starting else 0.0,
         )
         self._spend(agent, completion)
+
+    def _read_answer(self, index: int, completion: Completion) -> None:
+        """What the completion says of the answer the agent gives (its program's where its tool answers): the v2
+        signals and the ``answer_logprobs`` confidence."""
+        agent = self.agents[index]
+        if self._signals:
+            agent.signals = features.completion_signals(completion, agent.answer)
+        if self.config.confidence == "answer_logprobs":
+            agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
 
     def _absorb_output(self, index: int, output: str) -> None:
         agent = self.agents[index]
