@@ -37,10 +37,10 @@ from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
-from deliberation_env.core.roles import role_indices
+from deliberation_env.core.roles import role_indices, role_task
 from deliberation_env.core.seeds import request_seed, stream_seed
 from deliberation_env.core.tools import ANSWERING_TOOLS, program_of, run_messages
-from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale, styled
+from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
 
 log = logging.getLogger(__name__)
 __all__ = ["Action", "AgentState", "Deliberation", "DeliberationConfig", "Phase", "RoundOutcome"]
@@ -139,7 +139,7 @@ class Deliberation:
         self._signals = config.features != "v1"
         self._roles = role_indices(config.roles, count) if config.features == "v3" else None
         roles = config.roles or [None] * count
-        self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt) for role in roles]
+        self._tasks = [role_task(task, role) for role in roles]
         """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
         self._tools = [None if role is None else role.tool for role in roles]
         self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
@@ -419,16 +419,24 @@ class Deliberation:
         """The round the pending requests belong to: 0 while starting, else the round being played."""
         return self.round if self._starting else self.round + 1
 
+    def sampling(self, agent: int, kind: RequestKind) -> tuple[int, float]:
+        """The ``max_tokens`` and temperature of ``agent``'s requests of ``kind`` under this config (a replay backend
+        answers only the sampling settings of the envs it checked)."""
+        if kind == "critic":
+            return self.config.critic_max_tokens, self.config.critic_temperature
+        return self.config.max_tokens, 0.0 if kind == "run" else self._temperatures[agent]
+
     def _request(self, agent: int, messages, kind: RequestKind) -> Request:
         critic, run = kind == "critic", kind == "run"
         config = self.config
+        max_tokens, temperature = self.sampling(agent, kind)
         return Request(
             messages=messages,
             kind=kind,
             agent=agent,
             seed=request_seed(self._seed, self.request_round, agent, kind),
-            max_tokens=config.critic_max_tokens if critic else config.max_tokens,
-            temperature=config.critic_temperature if critic else 0.0 if run else self._temperatures[agent],
+            max_tokens=max_tokens,
+            temperature=temperature,
             logprobs=critic and config.confidence == "critic",
             token_logprobs=not critic and not run and (config.confidence == "answer_logprobs" or self._signals),
             episode=self._episode,
