@@ -22,7 +22,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,9 @@ class ReplayCard:
     commands: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     """Coverage, tree sizes, accuracy per level and size (written by the recorder)."""
+    index: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each recorded chunk's problems and how many records of each it holds (``records_per_problem``): the whole
+    tree the recorder walked. Binding checks the records against it; empty in sets recorded before it."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
@@ -296,6 +300,8 @@ class ReplaySet:
         self.records: dict[str, dict[str, Any]] = {}
         self._found: dict[tuple[Any, ...], Completion] = {}
         self._passed: set[tuple[Any, ...]] = set()
+        self._held: Counter[str] | None = None
+        """Records per problem, counted at the first check (``_check_index``)."""
         self.checks_run = 0
         """How many times ``check`` checked a split's solve requests against the records (it remembers each pass,
         by split, request settings, prompts and problem questions)."""
@@ -377,9 +383,35 @@ class ReplaySet:
         key = (split, fingerprint, tuple((p.id, p.question) for p in problems),
                *(getattr(config, name) for name in SETTING_FIELDS))
         if key not in self._passed:
+            self._check_index(problems)
             self._check_solve_requests(task, config, problems)
             self._passed.add(key)
         return problems
+
+    def _check_index(self, problems: Sequence[Problem]) -> None:
+        """Every chunk of the card's index is among its files, and each problem holds the records its chunk held
+        when recorded (a count per problem): a chunk removed with its card entry, or a record removed and the card
+        resealed, is refused here rather than missing mid-episode. Counted once per set."""
+        card, where = self.card, f"replay set {self.card.name!r} ({self.path})"
+        fix = "the set is damaged: download it again, or record those problems again into a new set"
+        for name, counts in card.index.items():
+            if name not in card.files:
+                listed = ", ".join(list(counts)[:3]) + (", ..." if len(counts) > 3 else "")
+                raise ReplayError(f"{where}: {name} is missing (card.json's index lists it with the records of "
+                                  f"{len(counts)} problems: {listed}, but its files table does not); {fix}")
+        if not card.index:
+            return  # recorded before the index: `python -m deliberation_env.record --check` walks its trees
+        if self._held is None:
+            self._held = Counter(record["problem"] for record in self.records.values())
+        expected = {problem: (name, count) for name, counts in card.index.items() for problem, count in counts.items()}
+        for problem in problems:
+            if problem.id not in expected:
+                raise ReplayError(f"{where}: problem {problem.id!r} is recorded (card.json's splits) but no chunk of "
+                                  f"its index holds it; {fix}")
+            name, count = expected[problem.id]
+            if self._held[problem.id] < count:
+                raise ReplayError(f"{where}: problem {problem.id!r} holds {self._held[problem.id]} records, {name} held "
+                                  f"{count} of it when recorded (a record was removed); {fix}")
 
     def _check_solve_requests(self, task: Task, config: DeliberationConfig, problems: Sequence[Problem]) -> None:
         """Each problem's first request (its solve prompt under ``config``) is in the set."""
@@ -430,6 +462,14 @@ def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
             "split=, or "
             f"record {split!r} into the set with `python -m deliberation_env.record --split {split} ...` (the card's "
             "commands show the other flags)")
+
+
+def records_per_problem(records: Iterable[Mapping[str, Any]], problems: Iterable[str] = ()) -> dict[str, int]:
+    """How many of ``records`` each problem has, ``problems`` first (0 for one whose requests are all another
+    problem's: the same question and seed); a chunk's entry in ``card.index``."""
+    counts = dict.fromkeys(problems, 0)
+    counts.update(Counter(record["problem"] for record in records))
+    return counts
 
 
 def chunk_files(path: Path) -> list[Path]:
