@@ -26,7 +26,7 @@ def _request(**kw) -> Request:
 def test_real_episode_failover_and_logprobs(llama_url):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     backend = OpenAICompatibleBackend([dead, llama_url], model="smol", backoff=0.01)
-    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=1, max_tokens=24, critic_max_tokens=8)
+    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, split="test", max_rounds=1, max_tokens=24, critic_max_tokens=8)
     observations, infos = env.reset(seed=0)
     observations, _, _, _, infos = env.step({agent: 1 for agent in env.agents})
     assert all(env.observation_space(a).contains(o) for a, o in observations.items())
@@ -36,7 +36,7 @@ def test_real_episode_failover_and_logprobs(llama_url):
 
 def test_answer_logprobs_on_a_real_server_make_no_critic_call(llama_url):
     backend = OpenAICompatibleBackend(llama_url, model="smol")
-    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, max_rounds=1, max_tokens=24,
+    env = deliberation_env.parallel_env(task="arithmetic", backend=backend, split="test", max_rounds=1, max_tokens=24,
                                         confidence="answer_logprobs")
     requests = []
     generate = backend.generate

@@ -102,13 +102,14 @@ def test_sandbox_option_and_fail_closed_construction(data_dir, monkeypatch):
     with pytest.raises(sandbox.SandboxUnavailableError, match="apt-get install bubblewrap"):
         HumanEvalTask(data_dir=data_dir)  # at construction, not as silently wrong grades later
     with pytest.raises(sandbox.SandboxUnavailableError, match="apt-get install bubblewrap"):
-        deliberation_env.parallel_env(task="humaneval", data_dir=str(data_dir))
+        deliberation_env.parallel_env(task="humaneval", data_dir=str(data_dir), split="test")
     with pytest.raises(sandbox.SandboxUnavailableError, match="sandbox='bwrap' does not work"):
         HumanEvalTask(data_dir=data_dir, sandbox="bwrap")
     trusted = HumanEvalTask(data_dir=data_dir, sandbox="rlimits", num_problems=1)  # the explicit opt-in
     problem = trusted.problems("test")[0]
     assert trusted.isolation == "rlimits" and trusted.grade(problem, problem.answer)
-    env = deliberation_env.parallel_env(task="humaneval", data_dir=str(data_dir), task_kwargs={"sandbox": "rlimits"})
+    env = deliberation_env.parallel_env(task="humaneval", data_dir=str(data_dir), task_kwargs={"sandbox": "rlimits"},
+                                        split="test")
     assert env.task.isolation == "rlimits"
 
 
@@ -286,7 +287,7 @@ def test_prompts(task, problems):
 
 # ------------------------------------------------------------------------------------ end to end
 def test_sim_episodes_end_to_end(data_dir):
-    env = deliberation_env.parallel_env(task="humaneval", backend="sim", data_dir=str(data_dir), num_agents=3,
+    env = deliberation_env.parallel_env(task="humaneval", backend="sim", data_dir=str(data_dir), split="test", num_agents=3,
                                         max_rounds=3, task_kwargs={"num_problems": 3})
     rng = np.random.default_rng(0)
     seen = set()

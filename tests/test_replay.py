@@ -394,5 +394,5 @@ def test_one_command_trains_and_evaluates_on_a_replay_set(sim_set, tmp_path, cap
            str(tmp_path / "run"), "--eval-seeds", "1"])
     table = (tmp_path / "run" / "eval" / "table.md").read_text()
     assert "| softrankpo |" in table and "| debate |" in table and "| single |" not in table
-    assert "4 x 1" in table  # every recorded test problem, once
-    assert "evaluating on all of them" in capsys.readouterr().out
+    assert "4 x 1" in table  # every recorded test problem, once (one seed: more would replay the same episodes)
+    assert "The leaderboard's row" in capsys.readouterr().out

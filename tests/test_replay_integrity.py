@@ -120,7 +120,7 @@ def test_a_record_removed_and_the_card_resealed_is_refused_at_construction_namin
     card.files[name] = write_chunk(copy / name, [r for r in records if r is not dropped])  # resealed: checksums fit
     write_card(copy, card)
     with pytest.raises(ReplayError, match=rf"problem '{dropped['problem']}' holds \d+ records, {name} held"):
-        replay_env(copy)
+        replay_env(copy, split="test")
     # the other chunk's problems still build as a split of their own would; the whole set is refused
     assert ReplaySet(copy).card.files[name]["records"] == len(records) - 1
 
@@ -132,7 +132,7 @@ def test_a_chunk_removed_with_its_card_entry_names_the_missing_file(copy):
     del card.files[name]
     write_card(copy, card)
     with pytest.raises(ReplayError, match=rf"{name} is missing \(card.json's index lists it with the records of 2 "):
-        replay_env(copy)
+        replay_env(copy, split="test")
 
 
 def test_the_index_check_runs_once_per_set_and_is_fast_on_a_shipped_set():
@@ -151,9 +151,9 @@ def test_the_index_check_runs_once_per_set_and_is_fast_on_a_shipped_set():
 def test_an_env_hidden_behind_a_wrapper_is_refused_even_after_another_env_bound_the_backend(sim_set):
     card = ReplaySet(sim_set).card
     backend = ReplayBackend(sim_set)
-    checked = deliberation_env.parallel_env(backend=backend, **env_settings(card))
+    checked = deliberation_env.parallel_env(backend=backend, **env_settings(card), split="test")
     checked.reset(seed=0)
-    hidden = deliberation_env.parallel_env(backend=Hiding(backend), **{**env_settings(card), "max_tokens": 128})
+    hidden = deliberation_env.parallel_env(backend=Hiding(backend), **{**env_settings(card), "max_tokens": 128}, split="test")
     with pytest.raises(ReplayError, match=r"max_tokens=128, .* never checked against the set .*max_tokens=64"):
         hidden.reset(seed=0)
     assert backend.misses == 0
@@ -164,8 +164,8 @@ def test_a_fallback_does_not_fill_the_requests_of_an_unchecked_env(sim_set, tmp_
     live = SimBackend()
     assert live.identity() == card.model
     backend = ReplayBackend(Path(shutil.copytree(sim_set, tmp_path / "copy")), fallback=live, write_back=True)
-    deliberation_env.parallel_env(backend=backend, **env_settings(card))
-    hidden = deliberation_env.parallel_env(backend=Hiding(backend), **{**env_settings(card), "max_tokens": 128})
+    deliberation_env.parallel_env(backend=backend, **env_settings(card), split="test")
+    hidden = deliberation_env.parallel_env(backend=Hiding(backend), **{**env_settings(card), "max_tokens": 128}, split="test")
     with pytest.raises(ReplayError, match="never checked"):
         hidden.reset(seed=0)
     assert backend.misses == 0 and not [n for n in load_card(tmp_path / "copy").files if "fallback" in n]
@@ -175,7 +175,7 @@ def test_a_miss_of_a_checked_env_is_still_a_replay_miss(sim_set):
     """The binding check refuses unchecked envs only: a checked env's request outside the tree names its place."""
     card = ReplaySet(sim_set).card
     backend = ReplayBackend(sim_set)
-    env = deliberation_env.parallel_env(backend=backend, **env_settings(card))
+    env = deliberation_env.parallel_env(backend=backend, **env_settings(card), split="test")
     env.reset(seed=0)
     core = Deliberation(env.task, env.config)
     core.start(env.task.problems("test")[9], 0)  # a problem the set does not hold, under the checked settings

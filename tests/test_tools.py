@@ -123,7 +123,8 @@ def tool_set(tmp_path_factory):
 
 @pytest.mark.sandbox
 def test_a_recorded_program_aided_team_replays_equal_to_live_without_running_code(tool_set, monkeypatch):
-    live = deliberation_env.parallel_env(**ENV, backend=CodeWriter(), roles=TEAM, streams=1, invalid_action="persist")
+    live = deliberation_env.parallel_env(**ENV, backend=CodeWriter(), roles=TEAM, streams=1, invalid_action="persist",
+                                         split="test")
     replayed = replay_env(str(tool_set), split="test", invalid_action="persist")
     expected = {}
     for problem in replayed.problems:

@@ -152,9 +152,11 @@ class CompiledTree:
 
 
 def cache_dir() -> Path:
-    """Where compiled trees are kept: ``$DELIBERATION_ENV_CACHE/trees``, else ``~/.cache/deliberation_env/trees``."""
-    root = os.environ.get("DELIBERATION_ENV_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "deliberation_env") / "trees"
+    """Where compiled trees are kept: ``trees/`` in the package's cache folder (``$DELIBERATION_ENV_CACHE``, else
+    ``$XDG_CACHE_HOME/deliberation_env``, else ``~/.cache/deliberation_env``: ``tasks.hub.cache_dir``)."""
+    from deliberation_env.tasks.hub import cache_dir as package_cache
+
+    return package_cache() / "trees"
 
 
 def code_fingerprint() -> str:
