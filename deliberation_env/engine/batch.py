@@ -120,7 +120,7 @@ class TreeEnv:
             self.node[live] = ints[:, 0]
             done = self.ended.copy()
             done[live] = ints[:, 1].astype(bool)
-        self.ended = done
+        self.ended = done.copy()  # the caller's ``terminated`` must not change when reset_done() restarts episodes
         info = self.node_info(self.node)
         info["live"] = live
         for c, name in enumerate(tree.component_names):
