@@ -47,8 +47,9 @@ def test_tree(benchmarl_modules, tmp_path_factory):
         return compile_tree(DATASET, "test", features="v2", problems=PROBLEMS)
 
 
-def tiny_experiment(peers, algorithm: str, folder) -> object:
-    """A BenchMARL experiment of ``algorithm`` trained for 2 iterations of 100 frames on the train split."""
+def tiny_experiment(peers, algorithm: str, folder, task=None) -> object:
+    """A BenchMARL experiment of ``algorithm`` trained for 2 iterations of 100 frames on ``task`` (default: the
+    train split through the PettingZoo env)."""
     from benchmarl.algorithms import IqlConfig, MappoConfig
     from benchmarl.experiment import Experiment, ExperimentConfig
     from benchmarl.models.mlp import MlpConfig
@@ -63,7 +64,7 @@ def tiny_experiment(peers, algorithm: str, folder) -> object:
     config.evaluation, config.render, config.loggers, config.create_json = False, False, [], False
     config.checkpoint_at_end, config.save_folder = False, str(folder)
     algorithms = {"mappo": MappoConfig, "iql": IqlConfig}
-    experiment = Experiment(task=peers.ReplayTask.of(DATASET, split="train", features="v2"),
+    experiment = Experiment(task=task or peers.ReplayTask.of(DATASET, split="train", features="v2"),
                             algorithm_config=algorithms[algorithm].get_from_yaml(),
                             model_config=MlpConfig.get_from_yaml(), seed=0, config=config)
     experiment.run()
@@ -139,3 +140,29 @@ def test_the_task_checks_its_split_and_seeds_each_env_apart(benchmarl_modules):
     draws = [np.stack([env.reset()[peers.GROUP, "observation", "observation"] for _ in range(5)])
              for env in (make() for _ in range(4))]
     assert all(not np.array_equal(draws[0], other) for other in draws[1:])
+
+
+@pytest.mark.benchmarl
+def test_the_tree_task_is_a_batched_env_that_benchmarl_trains_on(benchmarl_modules, test_tree, tmp_path, monkeypatch):
+    from torchrl.envs.utils import check_env_specs
+
+    peers = benchmarl_modules
+    monkeypatch.setenv("DELIBERATION_ENV_CACHE", str(tmp_path / "cache"))
+    # persist: TorchRL's check_env_specs and rollout() play random actions without the mask (BenchMARL masks them)
+    task = peers.TreeTask.of(DATASET, split="test", features="v2", problems=list(PROBLEMS), invalid_action="persist")
+    env = task.get_env_fun(8, False, 0, "cpu")()
+    check_env_specs(env)
+    assert env.batch_size == (8,)
+    # What BenchMARL's algorithms read is what they read from the PettingZoo env: one policy serves both.
+    wrapped = peers.ReplayTask.of(DATASET, split="test", features="v2").get_env_fun(1, False, 0, "cpu")()
+    plain = peers.ReplayTask.of(DATASET, features="v2")
+    for spec in ("observation_spec", "action_mask_spec", "action_spec"):
+        assert getattr(task, spec)(env) == getattr(plain, spec)(wrapped), spec
+    steps = env.rollout(3, break_when_any_done=False)  # 1-round episodes: every step ends them, every reset restarts
+    assert steps["next", "done"].all() and steps.shape == (8, 3)
+
+    experiment = tiny_experiment(peers, "mappo", tmp_path, task=task)
+    assert experiment.env_func().batch_size == (4,)  # used as a batched env, not a SerialEnv of copies
+    assert experiment.total_frames == 200
+    exact = expected_scores(test_tree, peers.policy_probabilities(experiment), format=peers.MASKED)
+    assert exact["accuracy"].shape == (len(PROBLEMS),)

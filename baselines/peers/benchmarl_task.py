@@ -14,7 +14,9 @@ that ``deliberation_env.engine.expected_scores`` sums over the compiled game, ev
 
 The env is ``replay_env(..., observation="masked", infos="numeric")`` in TorchRL's ``PettingZooWrapper``: one agent
 group ``"agent"``, the feature vector at ``("agent", "observation", "observation")`` and the legal actions at
-``("agent", "action_mask")``. Needs the ``benchmarl`` extra, in a virtualenv of its own (docs/peers.md).
+``("agent", "action_mask")``. ``TreeTask`` plays the same game with the same keys from the compiled tree instead,
+``num_envs`` episodes per TorchRL step (``TorchTreeEnv``): BenchMARL then uses it as a batched env, without a
+``SerialEnv`` of PettingZoo envs. Needs the ``benchmarl`` extra, in a virtualenv of its own (docs/peers.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ try:
     import torch
     from benchmarl.environments.pettingzoo.common import PettingZooClass
     from tensordict import TensorDict
+    from torchrl.data import Bounded, Categorical, Composite, Unbounded
     from torchrl.envs import EnvBase
     from torchrl.envs.libs.pettingzoo import PettingZooWrapper
     from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -38,7 +41,9 @@ except ImportError as error:
         "pip install -e '.[benchmarl]' in a virtualenv of its own (BenchMARL 1.5.2 needs torchrl<0.12, the dev "
         "extra torchrl>=0.14; docs/peers.md)") from error
 
+from deliberation_env.engine.batch import TreeEnv
 from deliberation_env.engine.exact import Probabilities
+from deliberation_env.engine.tree import CompiledTree, compile_tree
 from deliberation_env.formats import ObservationFormat
 from deliberation_env.make import replay_env
 from deliberation_env.replay.dataset import ReplaySet, env_settings
@@ -95,6 +100,98 @@ class ReplayTask(PettingZooClass):
     @staticmethod
     def env_name() -> str:
         return "deliberation"
+
+
+class TreeTask(ReplayTask):
+    """``ReplayTask``'s game played from the compiled tree (``deliberation_env.engine``), ``num_envs`` episodes per
+    step in one ``TorchTreeEnv``; ``config`` as ``ReplayTask``'s, plus ``invalid_action`` ("raise" or "persist")."""
+
+    def get_env_fun(self, num_envs: int, continuous_actions: bool, seed: int | None,
+                    device: Any) -> Callable[[], EnvBase]:
+        options = dict(self.config)
+        dataset, split = options.pop("dataset"), options.pop("split")
+        invalid_action = options.pop("invalid_action", "raise")
+        tree = compile_tree(dataset, split, **options)
+        seeds = itertools.count(0 if seed is None else seed)
+        return lambda: TorchTreeEnv(tree, num_envs, seed=next(seeds), device=device, invalid_action=invalid_action)
+
+    def info_spec(self, env: EnvBase) -> Composite | None:
+        return None
+
+    def observation_spec(self, env: EnvBase) -> Composite:
+        return _group_entry(env, "observation")
+
+    def action_mask_spec(self, env: EnvBase) -> Composite | None:
+        return _group_entry(env, "action_mask")
+
+    def action_spec(self, env: EnvBase) -> Composite:
+        return env.full_action_spec_unbatched  # BenchMARL's algorithms read a batched env's specs without the batch
+
+
+def _group_entry(env: EnvBase, key: str) -> Composite:
+    """The unbatched observation spec with only ``(GROUP, key)`` in it."""
+    spec = env.full_observation_spec_unbatched.clone()
+    for other in list(spec[GROUP].keys()):
+        if other != key:
+            del spec[GROUP][other]
+    return spec
+
+
+class TorchTreeEnv(EnvBase):
+    """``num_envs`` episodes of a compiled game as one TorchRL env of ``batch_size=(num_envs,)``, with the keys and
+    specs of the ``PettingZooWrapper`` around the masked replay env (no infos). ``_reset`` restarts the rows TorchRL
+    marks (the ended ones), drawing their problems from this env's generator."""
+
+    def __init__(self, tree: CompiledTree, num_envs: int, *, seed: int = 0, device: Any = "cpu",
+                 invalid_action: str = "raise"):
+        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.episodes = TreeEnv(tree, num_envs, format=MASKED, invalid_action=invalid_action)
+        agents, actions = tree.num_agents, tree.num_actions
+        width = self.episodes.observation_space[MASKED.observation_key].shape[0]
+        self.group_map = {GROUP: list(self.episodes.possible_agents)}
+        rows, team = (num_envs, agents), (num_envs,)
+
+        def flags(*shape: int) -> Categorical:
+            return Categorical(2, shape, dtype=torch.bool)
+
+        self.observation_spec = Composite({GROUP: Composite({
+            "observation": Composite({MASKED.observation_key: Bounded(0.0, 1.0, (*rows, width), dtype=torch.float32)},
+                                     shape=rows),
+            "action_mask": flags(*rows, actions)}, shape=rows)}, shape=team)
+        self.action_spec = Composite({GROUP: Composite({"action": Categorical(actions, rows)}, shape=rows)}, shape=team)
+        self.reward_spec = Composite({GROUP: Composite({"reward": Unbounded((*rows, 1))}, shape=rows)}, shape=team)
+        self.done_spec = Composite({key: flags(num_envs, 1) for key in ("done", "terminated", "truncated")}, shape=team)
+        self._set_seed(seed)
+
+    def _reset(self, tensordict: TensorDict | None = None, **kwargs: Any) -> TensorDict:
+        if tensordict is not None and "_reset" in tensordict:
+            self.episodes.ended |= tensordict.get("_reset").reshape(-1).cpu().numpy()
+        else:
+            self.episodes.ended[:] = True
+        observations, _ = self.episodes.reset_done()
+        out = self._observations(observations)
+        out.update({key: torch.zeros(*self.batch_size, 1, dtype=torch.bool) for key in ("done", "terminated", "truncated")})
+        return out
+
+    def _step(self, tensordict: TensorDict) -> TensorDict:
+        actions = tensordict.get((GROUP, "action")).cpu().numpy()
+        observations, rewards, terminated, truncated, _ = self.episodes.step(actions)
+        out = self._observations(observations)
+        out.set((GROUP, "reward"), torch.from_numpy(rewards).unsqueeze(-1))
+        ended = torch.tensor(terminated).unsqueeze(-1)  # a copy: TreeEnv's `terminated` is its own `ended`, reset later
+        out.update({"done": ended, "terminated": ended.clone(), "truncated": torch.from_numpy(truncated).unsqueeze(-1)})
+        return out
+
+    def _observations(self, observations: dict[str, np.ndarray]) -> TensorDict:
+        rows = [*self.batch_size, len(self.group_map[GROUP])]
+        features = torch.from_numpy(observations[MASKED.observation_key])
+        mask = torch.from_numpy(observations[MASKED.mask_key].astype(bool))
+        return TensorDict({GROUP: TensorDict({
+            "observation": TensorDict({MASKED.observation_key: features}, batch_size=rows),
+            "action_mask": mask}, batch_size=rows)}, batch_size=self.batch_size)
+
+    def _set_seed(self, seed: int | None) -> None:
+        self.episodes.rng = np.random.default_rng(seed)
 
 
 def policy_probabilities(experiment: Any, *, greedy: bool = True) -> Probabilities:
