@@ -145,7 +145,7 @@ def summary(runs: list[dict], references: dict[str, float] | None) -> str:
              "evaluation off), then its greedy policy is scored exactly on all "
              f"{first['test_problems']} test problems (`deliberation_env.engine.expected_scores`; one recorded "
              "stream, so each problem scores 0 or 1). Frames are env steps of the 3-agent team; an episode here is "
-             "1 step.", "", *(f"`{command}`" for command in sorted({r["command"] for r in runs})), "",
+             "1 step.", "", "Commands: " + "; ".join(f"`{command}`" for command in sorted({r["command"] for r in runs})), "",
              "| algorithm | seeds | mean test accuracy | per seed | mean tokens / problem | train time per run (s) |",
              "|---|---|---|---|---|---|"]
     by_algorithm: dict[str, list[dict]] = {}
