@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
@@ -66,5 +67,31 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def progress_bar(total: int, description: str, enabled: bool = True) -> tqdm:
-    return tqdm(total=total, desc=description, unit="ep", disable=not enabled, dynamic_ncols=True, leave=False)
+LOG_INTERVAL_S = 30.0
+"""Seconds between progress lines when the output is not a terminal (a log file, a CI job)."""
+
+
+class _Lines:
+    """A log stream for tqdm: each redraw (``\\r`` + status) becomes a line of its own."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").rstrip("\n")
+        if text.strip():
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(total: int, description: str, enabled: bool = True, file: TextIO | None = None) -> tqdm:
+    """A progress bar on ``file`` (default stderr). On a terminal it redraws in place; elsewhere (a log file, CI) it
+    writes a line at most every ``LOG_INTERVAL_S`` seconds, and the last, so that the log is not flooded."""
+    stream = file if file is not None else sys.stderr
+    if getattr(stream, "isatty", lambda: False)():
+        return tqdm(total=total, desc=description, unit="ep", disable=not enabled, dynamic_ncols=True, leave=False,
+                    file=stream)
+    return tqdm(total=total, desc=description, unit="ep", disable=not enabled, file=_Lines(stream), ncols=80,
+                mininterval=LOG_INTERVAL_S, maxinterval=float("inf"))

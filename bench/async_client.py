@@ -73,7 +73,7 @@ def episodes(servers: list[LoopbackServer], count: int, rounds: int, concurrency
         server.episodes.clear()
     backend = Counting(OpenAICompatibleBackend([s.url for s in servers], model="latency", concurrency=concurrency,
                                                routing=routing, logprobs=False))
-    envs = [deliberation_env.parallel_env(task="arithmetic", backend="sim", max_rounds=rounds) for _ in range(count)]
+    envs = [deliberation_env.parallel_env(task="arithmetic", backend="sim", split="test", max_rounds=rounds) for _ in range(count)]
     batch = BatchedEnvs(envs, backend)
     start = time.perf_counter()
     batch.reset(seeds=list(range(count)))

@@ -36,7 +36,7 @@ def policy(index, observations):
 
 def run(backend, episodes, args, across: bool) -> float:
     counter = Counting(backend)
-    envs = [deliberation_env.parallel_env(task="arithmetic", backend=counter, max_rounds=args.rounds,
+    envs = [deliberation_env.parallel_env(task="arithmetic", backend=counter, split="test", max_rounds=args.rounds,
                                           max_tokens=args.max_tokens, critic_max_tokens=8) for _ in range(episodes)]
     start = time.perf_counter()
     if across:
@@ -74,7 +74,7 @@ def main() -> None:
     print(f"(c) with generate():        {c_generate:7.1f} tok/s  ({c_generate / a:.2f}x a)")
     with tempfile.TemporaryDirectory() as tmp:
         cache = CachedBackend(backend, tmp + "/bench.sqlite")
-        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, max_rounds=args.rounds,
+        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, split="test", max_rounds=args.rounds,
                                               max_tokens=args.max_tokens, critic_max_tokens=8) for _ in range(args.episodes)]
         run_batched(envs, policy, list(range(args.episodes)))
         misses = cache.stats.misses

@@ -42,7 +42,7 @@ def grpo_rollout(backend: TransformersBackend, args: argparse.Namespace) -> tupl
 
 def debate_round(backend: TransformersBackend, args: argparse.Namespace) -> tuple[int, int]:
     counter = Counting(backend)
-    envs = [deliberation_env.parallel_env(task=args.task, backend=counter, max_rounds=1, max_tokens=args.max_tokens,
+    envs = [deliberation_env.parallel_env(task=args.task, backend=counter, split="test", max_rounds=1, max_tokens=args.max_tokens,
                                           critic_max_tokens=8) for _ in range(args.episodes)]
     run_batched(envs, lambda index, observations: {agent: 1 for agent in observations}, list(range(args.episodes)))
     return counter.prompt_tokens, counter.completion_tokens

@@ -39,7 +39,7 @@ def replay_rate(backend, episodes: int, rounds: int, max_tokens: int, seconds: f
     """(cache hits per second of replay, replays), measured as in bench/backend_batching.py."""
     with tempfile.TemporaryDirectory() as tmp:
         cache = CachedBackend(backend, tmp + "/bench.sqlite")
-        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, max_rounds=rounds,
+        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, split="test", max_rounds=rounds,
                                               max_tokens=max_tokens, critic_max_tokens=8) for _ in range(episodes)]
         run_batched(envs, policy, list(range(episodes)))
         misses = cache.stats.misses

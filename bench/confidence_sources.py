@@ -39,7 +39,8 @@ SOURCES = ("answer_logprobs", "critic", "critic_text")
 def measure(source: str, backend, args: argparse.Namespace) -> dict:
     counter_before = (backend.inner.requests, backend.inner.prompt_tokens, backend.inner.completion_tokens)
     envs = [deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": tuple(args.levels), "prompt": args.prompt},
-                                          backend=backend, num_agents=args.agents, max_rounds=1, confidence=source,
+                                          backend=backend, split="test", num_agents=args.agents, max_rounds=1,
+                                          confidence=source,
                                           max_tokens=args.max_tokens) for _ in range(args.problems)]
     start = time.perf_counter()
     results = BatchedEnvs(envs).reset(list(range(args.problems)), [{"problem_index": i} for i in range(args.problems)])

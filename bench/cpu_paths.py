@@ -65,7 +65,7 @@ def time_env(name: str, backend: Backend, args: argparse.Namespace) -> dict:
 
     def make_env():
         # critic_text: the critics state their confidence in words (the server runs without log-probabilities)
-        return deliberation_env.parallel_env(task="arithmetic", backend=counted, num_agents=3, max_rounds=1,
+        return deliberation_env.parallel_env(task="arithmetic", backend=counted, split="test", num_agents=3, max_rounds=1,
                                              confidence="critic_text",
                                              max_tokens=args.max_tokens, task_kwargs={"levels": tuple(args.levels),
                                                                                       "prompt": args.prompt})

@@ -63,7 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.replay:
         return compare_replay(args.replay, args.seconds)
-    ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", num_agents=args.agents, max_rounds=args.rounds)
+    ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", split="test", num_agents=args.agents,
+                                        max_rounds=args.rounds)
     print(f"config: task=arithmetic backend=sim agents={args.agents} rounds={args.rounds} seconds={args.seconds}")
     ours_rate, ours_rounds = rounds_per_second(ours, args.seconds)
     print(f"deliberation_env (sim): {ours_rate:10.0f} rounds/s  ({ours_rounds} rounds)")
@@ -80,7 +81,7 @@ def compare_replay(name: str, seconds: float) -> None:
     dataset = ReplaySet(name)
     card = dataset.card
     settings = {k: v for k, v in card.settings.items() if k != "num_agents"}
-    sim = deliberation_env.parallel_env(task=card.task, task_kwargs=card.task_kwargs, backend="sim",
+    sim = deliberation_env.parallel_env(task=card.task, task_kwargs=card.task_kwargs, backend="sim", split="test",
                                         num_agents=card.settings["num_agents"], max_rounds=card.rounds,
                                         confidence=card.confidence, **settings)
     replay = replay_env(dataset, split=next(iter(card.splits)))

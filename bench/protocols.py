@@ -21,7 +21,7 @@ from deliberation_env.protocols import PROTOCOLS, make_protocol
 
 def play(protocol_name: str, problems: int, seed: int, **env_kwargs) -> dict[str, float]:
     num_agents = 1 if protocol_name == "single" else env_kwargs.pop("num_agents", 3)
-    env = deliberation_env.parallel_env(num_agents=num_agents, **env_kwargs)
+    env = deliberation_env.parallel_env(num_agents=num_agents, split="test", **env_kwargs)
     metrics = evaluate.play(env, make_protocol(protocol_name), problems, seed)
     return {key: metrics[key] for key in ("accuracy", "tokens", "p_persist", "p_refine", "p_concede")}
 

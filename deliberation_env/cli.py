@@ -143,6 +143,17 @@ class KeyValueAction(argparse.Action):
         setattr(namespace, self.dest, {**(getattr(namespace, self.dest, None) or {}), key: value})
 
 
+class RenamedFlag(argparse.Action):
+    """A flag whose first name is its own and whose other names are old spellings, still accepted with a warning on
+    stderr (e.g. ``add_argument("--max-rounds", "--rounds", action=RenamedFlag, ...)``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None and option_string != self.option_strings[0]:
+            print(f"{parser.prog}: warning: {option_string} is an old name of {self.option_strings[0]}; "
+                  f"write {self.option_strings[0]}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors: ``prog: error: message (see --help)`` on stderr, exit code 2."""
 

@@ -29,7 +29,8 @@ backend that gives none leaves those columns at documented neutral values.
 | ``agreement``  | Box(0, 1, (N-1,), float32)    | 1 where that peer holds the same answer as agent i       |
 | ``action_mask``| Box(0, 1, (A,), int8)         | legal actions (A = 3, or 2 + N): CONCEDE needs a peer with a different answer |
 
-The ground truth never enters an observation.
+The ground truth never enters an observation. A masked action is played as PERSIST (``invalid_action="raise"``
+rejects it). Episodes draw their problems from ``split`` (default ``"train"``; ``split="test"`` to evaluate).
 
 Rewards, per agent and round (``deliberation_env.core.rewards``): ``w_local * r_local +
 w_global * r_global + w_team * r_team + w_tokens * r_tokens`` with r_local (own correctness
@@ -48,6 +49,7 @@ and docs/interop.md for each RL library's recipe).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -72,8 +74,11 @@ from deliberation_env.tasks.base import Problem, Task
 class DeliberationEnv(ParallelEnv):
     """The ParallelEnv adapter around ``core.Deliberation`` (see the module docstring).
 
-    ``task``: a Task or a registered name; ``backend``: a Backend, a list of one per agent, or a registered name;
-    ``config``: the ``DeliberationConfig`` (agents, rounds, rewards, sampling); ``format``: the ``ObservationFormat``.
+    ``task``: a Task or a registered name (default: a replay backend's recorded task, else ``"arithmetic"``);
+    ``backend``: a Backend, a list of one per agent, or a registered name; ``config``: the ``DeliberationConfig``
+    (agents, rounds, rewards, sampling; default: its own defaults, or a replay backend's recorded game);
+    ``split``: the task's split the episodes draw from (default ``"train"``: evaluate on ``split="test"``);
+    ``format``: the ``ObservationFormat``.
     The flat keywords of ``parallel_env`` (``num_agents=``, ``observation=``, ``cache=``, ...; ``options.py``) are
     accepted here too and mapped onto these parts by ``options.env_parts``."""
 
@@ -83,10 +88,10 @@ class DeliberationEnv(ParallelEnv):
 
     def __init__(
         self,
-        task: str | Task = "arithmetic",
+        task: str | Task | None = None,
         backend: str | Backend | Sequence[Backend] = "sim",
         config: DeliberationConfig | None = None,
-        split: str = "test",
+        split: str = "train",
         render_mode: str | None = None,
         *,
         format: ObservationFormat | None = None,
@@ -125,10 +130,37 @@ class DeliberationEnv(ParallelEnv):
                               for agent in self.possible_agents}
         self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]
         self._peer_matrix = np.array(self._peers, dtype=np.intp).reshape(num_agents, num_agents - 1)
-        self.np_random, self.np_random_seed = seeding.np_random(None)
+        self._generator: np.random.Generator | None = None  # made at the first draw (``np_random``)
+        self._stream, self._copies = (next(_UNSEEDED),), 0
+        self.np_random_seed: int | None = None
         self.last_outcome: RoundOutcome | None = None
         """The outcome of the last step (rewards and their components per agent); None before an episode's first."""
         self._last_actions: list[Action | None] = [None] * num_agents
+
+    # ------------------------------------------------------------------ seeding
+    @property
+    def np_random(self) -> np.random.Generator:
+        """The generator of the episodes' problems and episode seeds: ``reset(seed=s)`` seeds it, and unseeded resets
+        continue it. An env that draws before any seed draws from a stream of its own (``unseeded_seed``), the same
+        on every run of a program, never from OS entropy."""
+        if self._generator is None:
+            self.np_random_seed = unseeded_seed(self._stream)
+            self._generator = seeding.np_random(self.np_random_seed)[0]
+        return self._generator
+
+    @np_random.setter
+    def np_random(self, generator: np.random.Generator) -> None:
+        self._generator = generator
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy of an env that has not drawn yet (SuperSuit's vector envs copy one env by pickling, in one process or
+        in worker processes) gets a stream of its own, the k-th copy stream k under this env's; one that has drawn or
+        been seeded copies its generator's state, as any copy does."""
+        state = dict(self.__dict__)
+        if self._generator is None:
+            state["_stream"], state["_copies"] = (*self._stream, self._copies), 0
+            self._copies += 1
+        return state
 
     # ------------------------------------------------------------------ PettingZoo API
     def observation_space(self, agent: str) -> gymnasium.spaces.Space:
@@ -160,7 +192,7 @@ class DeliberationEnv(ParallelEnv):
         """``reset``'s draws (seed the generator, pick the problem, draw the episode seed), then
         ``begin_reset``: every runner that resets in phases makes the same draws as ``reset``."""
         if seed is not None:
-            self.np_random, self.np_random_seed = seeding.np_random(seed)
+            self._generator, self.np_random_seed = seeding.np_random(seed)
         problem = self._pick_problem(dict(options or {}))
         self.begin_reset(problem, int(self.np_random.integers(0, 2**62)))
         return problem
@@ -271,7 +303,8 @@ class DeliberationEnv(ParallelEnv):
                 if self.invalid_action == "raise":
                     raise ValueError(
                         f"{action_name(int(value))} is masked for {agent}: no such peer holds a different answer (see "
-                        "obs['action_mask']); pass invalid_action='persist' to treat masked actions as PERSIST"
+                        "obs['action_mask']); this env has invalid_action='raise', the default 'persist' plays a "
+                        "masked action as PERSIST"
                     )
                 action, target = Action.PERSIST, None
             chosen.append(action)
@@ -348,6 +381,18 @@ class DeliberationEnv(ParallelEnv):
         consensus = core.consensus()
         lines.append(f"  consensus: {consensus} ({'right' if core.grade(consensus) else 'wrong'}; gold {core.problem.answer})")
         return "\n".join(lines)
+
+
+_UNSEEDED = itertools.count()
+"""Numbers the envs of this process in the order they are made: the stream of one that draws unseeded."""
+UNSEEDED_ENTROPY = 0x5EED_DE11
+"""The root of the unseeded streams, apart from every small seed a user passes."""
+
+
+def unseeded_seed(stream: tuple[int, ...]) -> int:
+    """The seed of an unseeded env's stream (its number, then one number per copy down to it): distinct per env and
+    copy, the same on every run of a program."""
+    return int(np.random.SeedSequence((UNSEEDED_ENTROPY, *stream)).generate_state(1, np.uint32)[0])
 
 
 def _agent_names(names: Sequence[str] | None, count: int) -> list[str]:

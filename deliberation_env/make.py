@@ -13,17 +13,22 @@ from typing import Any
 
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.replay.backend import ReplayBackend
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings, split_mismatch, task_mismatch
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, split_mismatch, split_problem_ids, task_mismatch
 
 
-def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int = 3, max_rounds: int = 3,
-                 data_dir: str | None = None, split: str = "test", render_mode: str | None = None,
+def parallel_env(task: Any = None, backend: Any = "sim", num_agents: int | None = None, max_rounds: int | None = None,
+                 data_dir: str | None = None, split: str = "train", render_mode: str | None = None,
                  **options: Any) -> Any:
     """The deliberation environment, PettingZoo Parallel API (see ``deliberation_env.env``): a ``DeliberationEnv``,
-    in a ``TraceWrapper`` when ``trace=`` is given. ``options``: every keyword of ``env.accepted_options()``."""
+    in a ``TraceWrapper`` when ``trace=`` is given. ``options``: every keyword of ``env.accepted_options()``.
+
+    What is not given comes from ``config=`` when given, else from a replay backend's recording, else from
+    ``DeliberationConfig``'s defaults (3 agents, 3 rounds; task ``"arithmetic"``). ``split`` defaults to ``"train"``:
+    evaluate with ``split="test"``."""
     trace, label = options.pop("trace", None), options.pop("trace_label", None)
-    env = DeliberationEnv(task, backend, split=split, render_mode=render_mode, num_agents=num_agents,
-                          max_rounds=max_rounds, data_dir=data_dir, **options)
+    given: dict[str, Any] = {name: value for name, value in (("num_agents", num_agents), ("max_rounds", max_rounds))
+                             if value is not None}
+    env = DeliberationEnv(task, backend, split=split, render_mode=render_mode, data_dir=data_dir, **given, **options)
     if trace is None:
         return env
     from deliberation_env.analysis.traces import TraceWrapper  # only traced runs pay for the import
@@ -31,12 +36,13 @@ def parallel_env(task: Any = "arithmetic", backend: Any = "sim", num_agents: int
     return TraceWrapper(env, trace, label, task_kwargs=options.get("task_kwargs"))
 
 
-def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test", *, fallback: Any = None,
+def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "train", *, fallback: Any = None,
                fallback_model: str | None = None, data_dir: str | None = None, **options: Any) -> Any:
     """A ``parallel_env`` on a replay set with the set's own recorded settings (task, prompts, agents, rounds,
     confidence, tokens, streams); ``options`` override env keywords (e.g. ``observation="flat"``, ``max_rounds``
-    below the recorded rounds, another recorded ``confidence``, ``trace=``). ``fallback`` answers what the set lacks;
-    it must be the recorded model unless ``fallback_model`` names the one you accept instead."""
+    below the recorded rounds, another recorded ``confidence``, ``trace=``). ``split``: the set's split (default
+    ``"train"``; evaluate on ``split="test"``). ``fallback`` answers what the set lacks; it must be the recorded model
+    unless ``fallback_model`` names the one you accept instead."""
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
     card, where = replay.card, f"replay set {replay.card.name!r} ({replay.path})"
     if options.get("task", card.task) != card.task:
@@ -44,7 +50,8 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "test",
     if dict(options.get("task_kwargs", card.task_kwargs)) != card.task_kwargs:
         raise ReplayError(f"{where} was recorded with task_kwargs {card.task_kwargs}, not {options['task_kwargs']}: "
                           "drop task_kwargs= (replay_env() builds the recorded task), or record a set with them")
-    if split not in card.splits:  # before the env asks the task for a split it may not have
+    if split_problem_ids(card, split) is None:  # before the env asks the task for a split it may not have
         raise ReplayError(split_mismatch(card, where, split))
     backend = ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model)
-    return parallel_env(backend=backend, split=split, data_dir=data_dir, **{**env_settings(card), **options})
+    # the env takes every setting not given here from the set's recording (options.env_parts)
+    return parallel_env(backend=backend, split=split, data_dir=data_dir, **options)

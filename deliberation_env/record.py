@@ -1,10 +1,10 @@
 """Record a replay set: a model's whole deliberation tree on a range of problems (``replay.recorder``).
 
     python -m deliberation_env.record --out runs/qwen05-arith --task arithmetic \\
-        --task-option levels=[0,1] --split test --problems 0:400 --agents 3 --rounds 1 \\
+        --task-option levels=[0,1] --split test --problems 0:400 --num-agents 3 --max-rounds 1 \\
         --max-tokens 256 --confidence critic_text --backend transformers --model Qwen.gguf
 
-Every stream, confidence source (``--sources``) and legal joint action sequence up to ``--rounds`` is
+Every stream, confidence source (``--sources``) and legal joint action sequence up to ``--max-rounds`` is
 recorded. Problems are recorded ``--chunk`` at a time: each finished chunk is a file of its own and is
 listed in the card, so an interrupted run rerun with the same command loses nothing and goes on where
 it stopped. ``--branch-limit K`` bounds rounds past the first (see ``replay.recorder``). The card, and
@@ -24,6 +24,7 @@ from deliberation_env.backends.tools import with_tools
 from deliberation_env.cli import (
     ArgumentParser,
     KeyValueAction,
+    RenamedFlag,
     UserError,
     add_backend_arguments,
     backend_settings,
@@ -33,11 +34,19 @@ from deliberation_env.cli import (
     user_input,
 )
 from deliberation_env.core.config import CONFIDENCE_SOURCES, DeliberationConfig
-from deliberation_env.replay.dataset import ReplayCard, prompt_fingerprint, read_records, settings_of, write_card
+from deliberation_env.replay.dataset import (
+    ReplayCard,
+    prompt_fingerprint,
+    read_records,
+    records_per_problem,
+    settings_of,
+    write_card,
+)
 from deliberation_env.replay.format import problem_rows, write_chunk, write_problems
 from deliberation_env.replay.markdown import card_markdown
 from deliberation_env.replay.provenance import library_versions, sampling_of, weights_of
 from deliberation_env.replay.recorder import PartialFile, TreeRecorder, unrecorded
+from deliberation_env.replay.stats import round0_accuracy
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -53,8 +62,11 @@ def parse_args(argv: list[str] | None) -> Any:
                         help="positions in the split to record (default: all)")
     parser.add_argument("--problem-ids", nargs="+", default=None, metavar="ID", help="record these problems instead")
     parser.add_argument("--streams", type=positive_int, default=1, help="sample streams per problem (default 1)")
-    parser.add_argument("--agents", type=positive_int, default=3)
-    parser.add_argument("--rounds", type=positive_int, default=1, help="deliberation rounds to record (default 1)")
+    parser.add_argument("--num-agents", "--agents", dest="agents", action=RenamedFlag, type=positive_int, default=3,
+                        help="agents of the team (default 3; --agents is its old name, still accepted with a warning)")
+    parser.add_argument("--max-rounds", "--rounds", dest="rounds", action=RenamedFlag, type=positive_int, default=1,
+                        help="deliberation rounds to record (default 1; --rounds is its old name, still accepted with "
+                             "a warning)")
     parser.add_argument("--confidence", default="critic_text", choices=CONFIDENCE_SOURCES,
                         help="the confidence source replay_env() uses by default")
     parser.add_argument("--sources", nargs="+", default=list(CONFIDENCE_SOURCES), choices=CONFIDENCE_SOURCES,
@@ -143,13 +155,16 @@ def check_same(card: ReplayCard, fresh: ReplayCard, names: tuple[str, ...] = REC
 
 
 def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[str, Any]:
-    """Coverage, tree size per round, round-0 accuracy per level, size on disk and recording time."""
+    """Coverage, tree size per round, round-0 accuracy (of the agents' answers as the env grades them, per level and
+    role: ``replay.stats``; and of the solve completions' texts, per level), size on disk and recording time."""
     problems = {p.id: p for split in card.splits for p in task.problems(split) if p.id in set(card.splits[split])}
     per_round: Counter = Counter()
     tokens = 0
     solved: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     count = 0
+    records: dict[str, dict[str, Any]] = {}
     for record in read_records(out, card):
+        records[record["key"]] = record
         if record["problem"] not in problems:
             continue
         count += 1
@@ -167,6 +182,7 @@ def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[s
         else f"every joint action sequence up to round {card.rounds}",
         "requests_per_problem": {str(r): round(per_round[r] / n, 2) for r in sorted(per_round)},
         "tokens_per_problem": round(tokens / n, 1),
+        "round0_accuracy": round0_accuracy(task, card, records),
         "solve_accuracy_by_level": {level: {"correct": c, "solves": t, "accuracy": round(c / t, 3)}
                                     for level, (c, t) in sorted(solved.items())},
         "bytes": sum(entry["bytes"] for name, entry in card.files.items() if name.startswith("chunks/")),
@@ -265,15 +281,15 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[round_] += count
             bar.update(len(wave))
         chunk_ids = set(ids)
-        card.files[f"chunks/{name}.parquet"] = write_chunk(
-            out / "chunks" / f"{name}.parquet",
-            sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
-                   key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"])))
+        written = sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
+                         key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"]))
+        card.files[f"chunks/{name}.parquet"] = write_chunk(out / "chunks" / f"{name}.parquet", written)
+        card.index[f"chunks/{name}.parquet"] = records_per_problem(written, ids)
         partial.remove()
         seconds += time.perf_counter() - started
         card.splits[args.split] = [*card.splits.get(args.split, []), *ids]
         card.files[f"problems/{args.split}.parquet"] = write_problems(
-            out / "problems" / f"{args.split}.parquet", problem_rows(task, args.split, card.splits[args.split]))
+            out / "problems" / f"{args.split}.parquet", problem_rows(task, args.split, card.splits[args.split], config.roles))
         card.stats = card_stats(task, card, out, seconds)
         write_card(out, card)
         (out / "README.md").write_text(card_markdown(card), encoding="utf-8")

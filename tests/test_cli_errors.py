@@ -85,3 +85,16 @@ def test_a_bug_past_the_user_input_boundary_keeps_its_traceback(tmp_path, monkey
     with pytest.raises(ValueError, match="an internal bug"):
         train.main(["--out", str(tmp_path / "run"), "--episodes", "8", "--no-progress"])
     assert "error:" not in capsys.readouterr().err
+
+
+def test_the_recorders_old_flag_names_still_work_with_a_warning(tmp_path, capsys):
+    """``--agents``/``--rounds`` were the recorder's own spelling; every other program says --num-agents/--max-rounds."""
+    from deliberation_env.record import parse_args
+
+    new = parse_args(["--out", str(tmp_path), "--num-agents", "2", "--max-rounds", "2"])
+    assert capsys.readouterr().err == ""
+    old = parse_args(["--out", str(tmp_path), "--agents", "2", "--rounds", "2"])
+    warnings = capsys.readouterr().err.splitlines()
+    assert (old.agents, old.rounds) == (new.agents, new.rounds) == (2, 2)
+    assert len(warnings) == 2 and "--agents is an old name of --num-agents" in warnings[0]
+    assert "--rounds is an old name of --max-rounds" in warnings[1]

@@ -67,7 +67,7 @@ def test_a_flag_that_is_not_a_bool_is_a_clear_error():
 
 def test_a_masked_named_concede_raises_or_persists():
     for seed in range(40):
-        env = sim_env(concede_to_peer=True)
+        env = sim_env(concede_to_peer=True, invalid_action="raise")
         observations, _ = env.reset(seed=seed)
         masked = [(agent, index) for agent in env.agents for index in range(FIRST_PEER_ACTION, 5)
                   if not observations[agent]["action_mask"][index]]
@@ -78,7 +78,7 @@ def test_a_masked_named_concede_raises_or_persists():
     actions[agent] = index
     with pytest.raises(ValueError, match=f"{action_name(index)} is masked"):
         env.step(actions)
-    env = sim_env(concede_to_peer=True, invalid_action="persist")
+    env = sim_env(concede_to_peer=True)  # the default: invalid_action="persist"
     env.reset(seed=seed)
     env.step(actions)
     assert env.last_actions[int(agent.split("_")[1])] is Action.PERSIST
@@ -139,7 +139,8 @@ def all_targets_set(tmp_path_factory):
 
 def test_a_set_with_every_concede_target_replays_every_named_concede_equal_to_live(all_targets_set):
     replayed = replay_env(str(all_targets_set), split="test", concede_to_peer=True, invalid_action="persist")
-    live = deliberation_env.parallel_env(**{**SIM, "max_rounds": 1}, streams=1, confidence=replayed.config.confidence,
+    live = deliberation_env.parallel_env(**{**SIM, "max_rounds": 1}, split="test", streams=1,
+                                         confidence=replayed.config.confidence,
                                          concede_to_peer=True, invalid_action="persist")
     played = 0
     for problem in replayed.problems:

@@ -114,12 +114,12 @@ def test_seeded_resets_draw_the_env_s_problems_and_streams(two_round_set):
     assert len(set(info["stream"].tolist())) == 2
 
 
-def test_a_masked_action_raises_unless_played_as_persist():
+def test_a_masked_action_is_played_as_persist_or_raises_when_asked():
     tree = compile_tree("qwen05-arith-v2", "test", problems=[0, 1, 2, 3, 4, 5], cache=False)
     masked = np.argwhere(tree.mask[tree.roots[:, 0]] == 0)
     assert len(masked), "no masked CONCEDE among these roots"
     problem, agent, action = masked[0]
-    env = TreeEnv(tree, 1)
+    env = TreeEnv(tree, 1, invalid_action="raise")
     env.reset(seeds=[0], problems=[int(problem)])
     actions = np.zeros((1, 3), np.int64)
     actions[0, agent] = action
@@ -202,3 +202,29 @@ def test_a_greedy_policy_s_exact_score_is_what_the_env_plays():
         _, _, _, _, infos = env.step(dict(zip(env.possible_agents, actions.tolist())))
         played.append(infos["agent_0"]["consensus_correct"])
     assert np.array_equal(exact["accuracy"], np.array(played, float))
+
+
+def test_the_gymnasium_vector_form_restarts_episodes_on_the_next_step(two_round_set):
+    from deliberation_env.engine.gym import TreeVectorEnv
+
+    tree = compile_tree(two_round_set, "test", cache=False)
+    envs = TreeVectorEnv(tree, num_episodes=64)
+    assert envs.num_envs == 64 * 3 and envs.single_action_space.n == 3
+    observations, info = envs.reset(seed=3)
+    assert observations.shape == (envs.num_envs, *envs.single_observation_space.shape)
+    assert np.array_equal(info["action_mask"], observations[:, -3:])  # the flat form ends with the mask
+    rng = np.random.default_rng(0)
+    round_column = tree.num_features - 1  # the "round" feature: rounds played / max_rounds
+    for step in range(6):
+        mask = info["action_mask"].astype(float)
+        actions = ((mask / mask.sum(1, keepdims=True)).cumsum(1) < rng.random((envs.num_envs, 1))).sum(1)
+        nodes = envs.engine.node.copy()
+        observations, rewards, terminations, truncations, info = envs.step(actions)
+        if step % 3 == 2:  # the step after an ending: every episode restarts, no reward, round 0
+            assert not terminations.any() and not rewards.any()
+            assert (observations[:, round_column] == 0).all()
+            continue
+        joint = tree.joint_index(actions.reshape(64, 3))
+        edges = tree.expand[nodes]
+        assert np.allclose(rewards.reshape(64, 3), tree.rewards[edges, joint])  # the tree's rewards for these actions
+        assert terminations.all() == (step % 3 == 1) and not truncations.any()  # 2 rounds, no early stop

@@ -105,7 +105,7 @@ def _equal(a, b):
 
 
 def test_problem_pinning_by_index_and_id():
-    env = deliberation_env.parallel_env()
+    env = deliberation_env.parallel_env(split="test")
     _, infos = env.reset(seed=0, options={"problem_index": 7})
     assert infos["agent_0"]["problem_id"] == env.problems[7].id
     _, infos = env.reset(seed=1, options={"problem_id": env.problems[9].id})
@@ -218,16 +218,16 @@ def test_bad_actions_raise_and_env_stays_usable(actions, error, message):
 
 
 def test_masked_concede_raises_or_persists():
-    env = deliberation_env.parallel_env(backend=FixedAnswers(), num_agents=3)
+    env = deliberation_env.parallel_env(backend=FixedAnswers(), num_agents=3, invalid_action="raise")
     observations, _ = env.reset(seed=0)
     # agents 0 and 2 answer 5, agent 1 answers 6: everyone has someone to concede to
     assert all(obs["action_mask"][Action.CONCEDE] for obs in observations.values())
     env.step({"agent_0": Action.PERSIST, "agent_1": Action.CONCEDE, "agent_2": Action.PERSIST})
     observations = env._observations()
     assert not observations["agent_0"]["action_mask"][Action.CONCEDE]  # unanimous now
-    with pytest.raises(ValueError, match="CONCEDE is masked for agent_0.*invalid_action='persist'"):
+    with pytest.raises(ValueError, match="CONCEDE is masked for agent_0.*invalid_action='raise'"):
         env.step({a: Action.CONCEDE for a in env.agents})
-    lenient = deliberation_env.parallel_env(backend=FixedAnswers(), invalid_action="persist")
+    lenient = deliberation_env.parallel_env(backend=FixedAnswers())  # the default: a masked action plays PERSIST
     lenient.reset(seed=0)
     lenient.step({"agent_0": Action.PERSIST, "agent_1": Action.CONCEDE, "agent_2": Action.PERSIST})
     _, _, _, _, infos = lenient.step({a: Action.CONCEDE for a in lenient.agents})
@@ -296,7 +296,7 @@ def test_the_parts_form_and_the_flat_keywords_build_the_same_env():
     config = DeliberationConfig(num_agents=2, max_rounds=2, early_stop=True, reward_weights={"team": 0.5})
     parts = deliberation_env.DeliberationEnv(TASKS.make("arithmetic"), SimBackend(), config, "test",
                                              format=ObservationFormat("flat", infos="numeric"))
-    flat = deliberation_env.parallel_env(backend=SimBackend(), num_agents=2, max_rounds=2, early_stop=True,
+    flat = deliberation_env.parallel_env(backend=SimBackend(), split="test", num_agents=2, max_rounds=2, early_stop=True,
                                          reward_weights={"team": 0.5}, observation="flat", infos="numeric")
     assert parts.config == flat.config and parts.invalid_action == flat.invalid_action == "persist"
     assert parts.observation_space("agent_0") == flat.observation_space("agent_0")

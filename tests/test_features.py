@@ -171,7 +171,7 @@ def test_traces_record_the_feature_set(tmp_path):
 def test_replay_with_v2_equals_the_live_sim_with_no_miss(tmp_path):
     out = tmp_path / "sim-arith"
     record(["--out", str(out), "--split", "test", "--problems", "0:2", "--streams", "1", "--rounds", "1", *SIM_FLAGS])
-    replayed = replay_env(out, features="v2", confidence="critic_text", invalid_action="persist")
+    replayed = replay_env(out, split="test", features="v2", confidence="critic_text", invalid_action="persist")
     assert replayed.observation_space("agent_0")["self"].shape == (V2_WIDTH,)
     played = play_all_joint_actions(replayed, sim_live(rounds=1, streams=1, features="v2"),
                                     ["arithmetic-test-0", "arithmetic-test-1"], seeds=(0,))

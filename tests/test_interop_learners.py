@@ -29,7 +29,7 @@ EVAL_SEEDS = range(1000, 1300)
 
 def team_returns(policy, seeds) -> np.ndarray:
     """Per-episode sum of all agents' rewards, the same problems for every policy (seeded resets)."""
-    env = deliberation_env.parallel_env(observation="flat")
+    env = deliberation_env.parallel_env(observation="flat", split="test")  # trained on "train", the default
     returns = []
     for seed in seeds:
         observations, _ = env.reset(seed=seed)

@@ -20,7 +20,7 @@ from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, Repl
 from deliberation_env.replay.dataset import HUB_PREFIX, read_records
 from deliberation_env.replay.recorder import unrecorded
 
-SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--agents", "3"]
+SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--num-agents", "3"]
 
 
 def same(a, b, path="") -> None:
@@ -66,8 +66,8 @@ def sim_set(tmp_path_factory):
 def sim_live(rounds=2, streams=2, **options):
     options.setdefault("confidence", "critic_text")
     return deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]}, backend="sim",
-                                         max_rounds=rounds, max_tokens=64, streams=streams, invalid_action="persist",
-                                         **options)
+                                         split="test", max_rounds=rounds, max_tokens=64, streams=streams,
+                                         invalid_action="persist", **options)
 
 
 def test_replay_equals_the_live_sim_for_every_joint_action_sequence_and_source(sim_set):
@@ -75,7 +75,7 @@ def test_replay_equals_the_live_sim_for_every_joint_action_sequence_and_source(s
     assert dataset.card.splits == {split: [f"arithmetic-{split}-{i}" for i in range(4)] for split in ("test", "train")}
     assert len(list((sim_set / "chunks").glob("test-*.parquet"))) == 2  # chunks of 3 and 1 problems
     for confidence in CONFIDENCE_SOURCES:
-        replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
+        replayed = replay_env(dataset, split="test", confidence=confidence, invalid_action="persist")
         assert replayed.config.streams == 2 and replayed.config.max_rounds == 2
         played = play_all_joint_actions(replayed, sim_live(confidence=confidence), dataset.card.splits["test"][:2],
                                         seeds=(0, 1), rounds=2)
@@ -84,7 +84,7 @@ def test_replay_equals_the_live_sim_for_every_joint_action_sequence_and_source(s
 
 
 def test_seeds_pick_streams_deterministically(sim_set):
-    env = replay_env(sim_set)
+    env = replay_env(sim_set, split="test")
     texts = {}
     for seed in range(6):
         env.reset(seed=seed, options={"problem_index": 0})
@@ -97,7 +97,7 @@ def test_seeds_pick_streams_deterministically(sim_set):
 
 
 def test_the_env_plays_only_recorded_problems(sim_set):
-    env = replay_env(sim_set)
+    env = replay_env(sim_set, split="test")
     assert [p.id for p in env.problems] == [f"arithmetic-test-{i}" for i in range(4)]
     for seed in range(20):
         env.reset(seed=seed)
@@ -131,11 +131,11 @@ def test_a_card_from_other_code_fails_loudly(sim_set, tmp_path):
     card["request_format"] = 0
     (copy / "card.json").write_text(json.dumps(card))
     with pytest.raises(ReplayError, match="request format 0"):
-        replay_env(copy)
+        replay_env(copy, split="test")
     card["format"] = "something-else/9"
     (copy / "card.json").write_text(json.dumps(card))
     with pytest.raises(ReplayError, match="format 'something-else/9'"):
-        replay_env(copy)
+        replay_env(copy, split="test")
 
 
 def test_a_miss_names_the_problem_round_agent_and_the_command(sim_set):
@@ -352,8 +352,8 @@ def smollm2_float32(converted):
 def smollm2_live(model, database, **options):
     """The live env of a SmolLM2 set; its own SQLite cache, since its requests ask for other log-probabilities."""
     return deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]},
-                                         backend=CachedBackend(model, str(database)), critic_max_tokens=4, streams=1,
-                                         invalid_action="persist", **options)
+                                         backend=CachedBackend(model, str(database)), split="test", critic_max_tokens=4,
+                                         streams=1, invalid_action="persist", **options)
 
 
 @pytest.mark.model
@@ -361,7 +361,7 @@ def test_replay_equals_the_live_model_smollm2(tmp_path, smollm2_float32):
     """Record a problem of SmolLM2, then every joint action x 2 seeds x every confidence source, replay vs live."""
     dataset = record_smollm2(tmp_path / "smol", smollm2_float32, "--problems", "0:1", "--max-tokens", "16")
     for confidence in CONFIDENCE_SOURCES:
-        replayed = replay_env(dataset, confidence=confidence, invalid_action="persist")
+        replayed = replay_env(dataset, split="test", confidence=confidence, invalid_action="persist")
         live = smollm2_live(smollm2_float32, tmp_path / "live.sqlite", max_rounds=1, max_tokens=16,
                             confidence=confidence)
         assert play_all_joint_actions(replayed, live, dataset.card.splits["test"], seeds=(0, 1)) == 2 * 27
@@ -379,7 +379,7 @@ def test_two_round_trees_of_the_live_model_replay_exactly_smollm2(tmp_path, smol
     sizes = dataset.card.stats["requests_per_problem"]
     print("unique requests per problem, by round:", sizes)
     assert float(sizes["2"]) > 3 * float(sizes["1"])  # the states multiply past round 1
-    replayed = replay_env(dataset, invalid_action="persist")
+    replayed = replay_env(dataset, split="test", invalid_action="persist")
     assert replayed.config.max_rounds == 2
     live = smollm2_live(smollm2_float32, tmp_path / "live2.sqlite", num_agents=2, max_rounds=2, max_tokens=12,
                         confidence="critic_text")

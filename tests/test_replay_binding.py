@@ -51,14 +51,14 @@ class Hiding(Counting):
 
 def test_a_cache_over_a_replay_set_is_refused(sim_set, tmp_path):
     with pytest.raises(ReplayError, match="drop cache="):
-        replay_env(sim_set, cache=str(tmp_path / "c.sqlite"))
+        replay_env(sim_set, split="test", cache=str(tmp_path / "c.sqlite"))
 
 
 def test_replay_binds_through_a_wrapper_that_exposes_it(sim_set):
     card = ReplaySet(sim_set).card
     wrapper = Counting(ReplayBackend(sim_set))
-    env = deliberation_env.parallel_env(backend=wrapper, **{**deliberation_env.replay.env_settings(card),
-                                                             "invalid_action": "persist"})
+    env = deliberation_env.parallel_env(backend=wrapper, split="test", **{**deliberation_env.replay.env_settings(card),
+                                                                          "invalid_action": "persist"})
     assert [p.id for p in env.problems] == card.splits["test"]  # the set's problems, not the task's 500
     assert env.config.streams == card.streams
     for seed in range(8):
@@ -66,13 +66,13 @@ def test_replay_binds_through_a_wrapper_that_exposes_it(sim_set):
         env.step({agent: 1 for agent in env.agents})
     assert wrapper.requests > 0 and wrapper.inner.misses == 0
     with pytest.raises(ReplayError, match="max_tokens=64"):  # the check runs through the wrapper
-        deliberation_env.parallel_env(backend=Counting(ReplayBackend(sim_set)), **{
+        deliberation_env.parallel_env(backend=Counting(ReplayBackend(sim_set)), split="test", **{
             **deliberation_env.replay.env_settings(card), "max_tokens": 128})
 
 
 def test_a_hidden_replay_set_refuses_to_answer(sim_set):
     card = ReplaySet(sim_set).card
-    env = deliberation_env.parallel_env(backend=Hiding(ReplayBackend(sim_set)),
+    env = deliberation_env.parallel_env(backend=Hiding(ReplayBackend(sim_set)), split="test",
                                         **deliberation_env.replay.env_settings(card))
     with pytest.raises(ReplayError, match="before an env bound it"):
         env.reset(seed=0)
@@ -82,7 +82,7 @@ def test_a_fallback_of_another_model_is_refused_unless_named(sim_set, tmp_path):
     other = SimBackend(skills=(0.3,))
     assert other.identity() != ReplaySet(sim_set).card.model
     with pytest.raises(ReplayError, match="fallback_model="):
-        replay_env(sim_set, fallback=other)
+        replay_env(sim_set, split="test", fallback=other)
     with pytest.raises(ReplayError, match="fallback_model="):
         ReplayBackend(sim_set, fallback=other, write_back=True)
     import shutil

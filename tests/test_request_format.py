@@ -122,9 +122,9 @@ def test_a_set_recorded_with_every_target_serves_every_concede_rule(tmp_path):
     dataset = ReplaySet(out)
     assert dataset.card.concede_targets == "all" and dataset.card.request_format == REQUEST_FORMAT
     for rule in ("most_confident", "plurality"):
-        replayed = replay_env(dataset, concede_target=rule, invalid_action="persist")
+        replayed = replay_env(dataset, split="test", concede_target=rule, invalid_action="persist")
         live = deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": [0, 1]}, backend="sim",
-                                             max_rounds=1, max_tokens=64, streams=1, confidence="critic_text",
+                                             split="test", max_rounds=1, max_tokens=64, streams=1, confidence="critic_text",
                                              concede_target=rule, invalid_action="persist")
         for problem_id, joint in itertools.product(dataset.card.splits["test"], itertools.product(range(3), repeat=3)):
             options = {"problem_id": problem_id}
@@ -139,7 +139,7 @@ def test_a_set_recorded_with_the_rule_only_refuses_another_rule(tmp_path):
     record(["--out", str(out), "--split", "test", "--problems", "0:2", "--streams", "1", "--rounds", "1",
             "--sources", "critic_text", "--confidence", "critic_text", "--concede-targets", "rule", *SIM_FLAGS])
     with pytest.raises(deliberation_env.replay.ReplayError, match="concede_target='most_confident'"):
-        replay_env(out, concede_target="plurality")
+        replay_env(out, split="test", concede_target="plurality")
 
 
 def opening_agreement(model, task, problems, request_format: int) -> tuple[float, float]:

@@ -98,7 +98,8 @@ def team_set(tmp_path_factory):
 def test_a_team_set_records_its_roles_and_replays_equal_to_live(team_set):
     replayed = replay_env(str(team_set), split="test", invalid_action="persist", features="v3")
     assert [r.name for r in replayed.config.roles] == ["plain", "words", "plain"]
-    live = deliberation_env.parallel_env(**SIM, streams=1, roles=TEAM, confidence=replayed.config.confidence,
+    live = deliberation_env.parallel_env(**SIM, split="test", streams=1, roles=TEAM,
+                                         confidence=replayed.config.confidence,
                                          invalid_action="persist", features="v3")
     for problem in replayed.problems:
         for joint in itertools.product(range(3), repeat=3):

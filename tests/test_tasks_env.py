@@ -13,7 +13,8 @@ TASK_NAMES = ("gsm8k", "math", "aime24", "amc23", "mmlu")
 @pytest.mark.parametrize("name", TASK_NAMES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_legal_episode_on_each_task(name, seed, data_dir):
-    env = deliberation_env.parallel_env(task=name, backend="sim", data_dir=str(data_dir), num_agents=3, max_rounds=3)
+    env = deliberation_env.parallel_env(task=name, backend="sim", data_dir=str(data_dir), split="test", num_agents=3,
+                                        max_rounds=3)
     rng = np.random.default_rng(seed)
     observations, infos = env.reset(seed=seed)
     gold = env.deliberation.problem.answer
@@ -37,7 +38,7 @@ def test_random_legal_episode_on_each_task(name, seed, data_dir):
 
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_sim_team_gets_some_problems_right_and_some_wrong(name, data_dir):
-    env = deliberation_env.parallel_env(task=name, backend="sim", data_dir=str(data_dir), max_rounds=1)
+    env = deliberation_env.parallel_env(task=name, backend="sim", data_dir=str(data_dir), split="test", max_rounds=1)
     outcomes = []
     for seed in range(12):
         env.reset(seed=seed)

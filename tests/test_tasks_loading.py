@@ -332,12 +332,19 @@ def test_offline_the_design_card_call_fails_fast_with_the_instruction(name):
     """`parallel_env(task=...)` with no data and an unreachable hub: the real `datasets`, no 25 s of retries."""
     start = time.monotonic()
     with pytest.raises(FileNotFoundError) as error:
-        deliberation_env.parallel_env(task=name)
+        deliberation_env.parallel_env(task=name, split="test")
     elapsed = time.monotonic() - start
     message = str(error.value)
     assert elapsed < 5.0, f"took {elapsed:.1f} s"
     assert "\n" not in message and DATA_ENV_VAR in message and "data_dir=" in message and "go online" in message
     assert "unreachable" in message and "Connection refused" in message and (HUB_IDS.get(name) or "humaneval") in message
+
+
+@pytest.mark.parametrize("name", ["math", "aime24", "amc23", "mmlu", "humaneval"])
+def test_a_benchmark_without_a_training_split_is_not_played_by_default(name):
+    """The envs' split defaults to 'train': a test-only benchmark is played on its test split only when asked."""
+    with pytest.raises(ValueError, match=f"{name} has splits .*got 'train' .*evaluate on it with split='test'"):
+        deliberation_env.parallel_env(task=name)
 
 
 def test_offline_mode_variable_counts_as_unreachable(monkeypatch, live_hub):

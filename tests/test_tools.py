@@ -79,6 +79,38 @@ def test_the_program_s_output_becomes_the_answer_and_the_text_s_answer_stays_oth
     assert {(1, True), (1, False), (0, False)} <= seen  # a run that printed, and ones that failed or had no code
 
 
+
+def test_a_program_aided_agent_s_signals_and_confidence_read_the_answer_its_program_printed():
+    """Issue 62, item 6: the program's output is the answer the agent gives, so ``answer_prob`` and
+    ``answer_repeats`` (and the ``answer_logprobs`` confidence) are of it, not of the answer its text states."""
+    from math import exp
+
+    from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+    from deliberation_env.registry import TASKS
+
+    task = TASKS.make("arithmetic", levels=[0, 1])
+    config = DeliberationConfig(num_agents=3, max_rounds=1, confidence="answer_logprobs", features="v3",
+                                roles=make_roles(TEAM, 3))
+    core = Deliberation(task, config)
+    core.start(task.problems("test")[0], 0)
+    # the program prints 12 (tokens "1", "2" at -0.1 each); the text states 7 twice ("7" at -2.0)
+    pieces = [("```python\nprint(", -0.5), ("1", -0.1), ("2", -0.1), (")\n```\nThe answer is ", -0.5),
+              ("7", -2.0), (", so ", -0.5), ("7", -2.0), (".", -0.5)]
+    solution = Completion("".join(t for t, _ in pieces), 30, len(pieces), token_logprobs=tuple(pieces))
+    core.receive([solution] * 3)
+    assert [r.kind for r in core.pending_requests()] == ["run"]
+    core.receive([Completion("12\n", 0, 0)])
+    plain, coder = core.agents[0], core.agents[1]
+    assert (plain.answer, coder.answer) == ("7", "12")
+    assert plain.signals.answer_repeats == 2 and plain.signals.answer_logprob == pytest.approx(-2.0)
+    assert coder.signals.answer_repeats == 1 and coder.signals.answer_logprob == pytest.approx(-0.2)
+    assert coder.confidence == pytest.approx(exp(-0.2)) and plain.confidence == pytest.approx(exp(-2.0))
+    columns = features.FEATURE_SETS["v3"]
+    row = core.feature_matrix()[1]
+    assert row[columns.index("answer_prob")] == pytest.approx(exp(-0.2))
+    assert row[columns.index("answer_repeats")] == pytest.approx(1 / features.REPEATS_SCALE)
+    assert features.FEATURE_FORMAT == 2
+
 @pytest.fixture(scope="module")
 def tool_set(tmp_path_factory):
     BACKENDS.register("code-writer", CodeWriter, overwrite=True)  # --backend takes any registered name

@@ -42,7 +42,7 @@ def test_trace_records_what_the_env_did_and_round_trips(tmp_path):
     assert len(episodes) == 4
     for episode, history in zip(episodes, histories):
         assert episode.version == TRACE_VERSION and episode.label == "mine" and episode.task == "arithmetic"
-        assert episode.task_settings["levels"] == [2, 3] and episode.split == "test"
+        assert episode.task_settings["levels"] == [2, 3] and episode.split == "train"
         assert episode.num_agents == 3 and episode.max_rounds == 3 and len(episode.rounds) == 4
         assert episode.backends == (env.backends[0].identity(),) * 3
         assert episode.problem_id == history[0]["agent_0"]["problem_id"]

@@ -191,14 +191,16 @@ def _interval(row: dict[str, Any], key: str, spec: str) -> str:
     return f"± {row[f'{key}_ci']:{spec}}"
 
 
-def save_table(rows: Sequence[dict[str, Any]], out: str, stem: str = "table") -> str:
+def save_table(rows: Sequence[dict[str, Any]], out: str, stem: str = "table", header: str = "") -> str:
+    """Write ``<stem>.csv`` and ``<stem>.md`` (the markdown table under ``header``, when given) and return the latter's
+    text."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{stem}.csv"), "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=[k for k, v in rows[0].items() if not isinstance(v, list)],
                                 extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    text = markdown_table(rows)
+    text = f"{header}\n\n{markdown_table(rows)}" if header else markdown_table(rows)
     with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
     return text

@@ -26,6 +26,9 @@ class BaseConfig(TrainConfig, BackendSettings):
     replay: str | None = None
     """A replay set (shipped name, folder or hf://owner/name): train and evaluate on a real model's recorded behaviour
     with the set's own settings (task, prompts, agents, rounds, tokens); replaces task, backend and their options."""
+    train_split: str = "train"
+    """The split the trainer plays: a replay set's 'train', or 'fit' (train without the 'validation' split, where the
+    benchmark makes its choices: docs/benchmark.md)."""
     engine: str = field(default="tree", metadata={"argparse": {"choices": ENGINES}})
     """How a replay set's training episodes are played: 'tree' (its compiled tree, deliberation_env.engine: the
     same rollouts as the env gives, played by numpy) or 'env' (the PettingZoo env). Ignored without --replay."""
@@ -111,8 +114,8 @@ class EnvFactory:
     (the one given, else the config's, built on the first call), so a batch of envs is answered together. A pickled
     copy (e.g. shipped to a Ray rollout worker) leaves the backend behind and builds its own from the config."""
 
-    def __init__(self, cfg: BaseConfig, split: str = "train", backend: Any = None):
-        self.cfg, self.split, self.backend = cfg, split, backend
+    def __init__(self, cfg: BaseConfig, split: str | None = None, backend: Any = None):
+        self.cfg, self.split, self.backend = cfg, split or cfg.train_split, backend
 
     def __call__(self) -> Any:
         import deliberation_env
@@ -125,6 +128,7 @@ class EnvFactory:
         return {"cfg": self.cfg, "split": self.split, "backend": None}
 
 
-def make_env_fn(cfg: BaseConfig, split: str = "train", backend: Any = None) -> EnvFactory:
-    """An ``EnvFactory`` of the config's environments on ``split`` (sharing ``backend`` when given)."""
+def make_env_fn(cfg: BaseConfig, split: str | None = None, backend: Any = None) -> EnvFactory:
+    """An ``EnvFactory`` of the config's environments on ``split`` (default: its ``train_split``), sharing ``backend``
+    when given."""
     return EnvFactory(cfg, split, backend)

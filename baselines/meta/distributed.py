@@ -183,5 +183,5 @@ def open_collector(cfg: Any, env_fn: Callable[[], Any], wave: int) -> LocalColle
     if isinstance(env_fn, EnvFactory) and env_fn.cfg.replay and getattr(env_fn.cfg, "engine", "env") == "tree":
         options = env_kwargs(env_fn.cfg, env_fn.split, env_fn.backend)
         game = {k: v for k, v in options.items() if k not in ("split", "data_dir")}
-        return TreeCollector(env_fn, wave, env_fn.cfg.replay, env_fn.split, game)
+        return TreeCollector(env_fn, wave, env_fn.split, game)
     return LocalCollector(env_fn, wave)

@@ -10,6 +10,12 @@ unless ``--sample``.
 
     python -m baselines.meta.evaluate --checkpoints sft=runs/x/sft/policy.pt softrankpo=runs/x/policy.pt \\
         --protocols all --problems 200 --seeds 0 1 --out runs/x/eval --metrics runs/x
+    python -m baselines.meta.evaluate --replay qwen05-arith-v2 --protocols all --problems 400 --seeds 0
+
+With ``--replay SET`` (or ``--backend replay --backend-option dataset=SET``) the entries play the set's recorded game:
+its task, prompts, agents, rounds, confidence source and sampling settings. A flag the set cannot serve is refused;
+one it can serve differently (fewer ``--max-rounds``, another recorded ``--env-option confidence=...``) is named in
+the line above the table. ``--protocols all`` leaves out ``single`` there (a set is recorded with its agents).
 """
 
 from __future__ import annotations
@@ -45,7 +51,13 @@ from deliberation_env.cli import (
     report_user_errors,
     user_input,
 )
+from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.replay import ReplayBackend, departures
+from deliberation_env.replay.backend import replay_backend
+
+DEFAULTS = DeliberationConfig()
+"""The env's own defaults, named in the help of the flags that override them."""
 
 
 class PolicyActor:
@@ -97,6 +109,17 @@ def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_
     return entries
 
 
+def replay_header(env: Any) -> str:
+    """For an env on a replay set: the line above the table naming the set and whether the env plays its recorded
+    game or where it departs from it (fewer rounds, another recorded confidence source); else ""."""
+    replay = next((r for r in map(replay_backend, env.backends) if r is not None), None)
+    if replay is None:
+        return ""
+    card, differs = replay.set.card, departures(replay.set.card, env.config)
+    game = f"departs from the recording: {', '.join(differs)}" if differs else "the recorded game"
+    return f"Replay set {card.name!r} ({card.model}), split {env.split!r}: {game}."
+
+
 def _named(items: Sequence[str]) -> dict[str, str]:
     named = {}
     for item in items:
@@ -121,12 +144,18 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--protocols", nargs="*", default=["all"], help=f"fixed protocols: all, none or some of {PROTOCOLS}")
     parser.add_argument("--problems", type=positive_int, default=200, help="test problems 0..P-1 (default 200)")
     parser.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1], help="evaluation seeds (default 0 1)")
-    parser.add_argument("--task", default="arithmetic")
+    parser.add_argument("--replay", default=None, metavar="SET",
+                        help="a replay set (shipped name, folder or hf://owner/name): play its recorded game (task, "
+                             "prompts, agents, rounds, confidence, tokens) on the recorded model's answers; replaces "
+                             "--backend. A flag that changes the game is refused or named above the table")
+    parser.add_argument("--task", default=None, help="the task (default: arithmetic, or the replay set's)")
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (default: $DELIBERATION_ENV_DATA)")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--max-rounds", type=positive_int, default=3)
-    parser.add_argument("--num-agents", type=positive_int, default=3,
-                        help="agents of the protocols (default 3; policies use their checkpoint's, single uses 1)")
+    parser.add_argument("--max-rounds", type=positive_int, default=None,
+                        help=f"deliberation rounds (default {DEFAULTS.max_rounds}, or the replay set's)")
+    parser.add_argument("--num-agents", type=positive_int, default=None,
+                        help=f"agents of the protocols (default {DEFAULTS.num_agents}, or the replay set's; policies "
+                             "use their checkpoint's, single uses 1)")
     parser.add_argument("--token-cost", type=float, default=0.0, help="the env's reward weight of tokens (scores only)")
     parser.add_argument("--num-envs", type=positive_int, default=32,
                         help="episodes played together, answered in one backend call per phase (default 32)")
@@ -153,15 +182,22 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         parser.error(f"unknown protocol(s) {unknown}; choose all, none or some of {list(PROTOCOLS)}")
     if not args.checkpoints and not protocols:
         parser.error("nothing to evaluate: give --checkpoints and/or --protocols")
+    if args.replay and (args.backend != "sim" or args.model or args.base_url or args.cache):
+        parser.error("--replay plays the set's recorded model: drop --backend, --model, --base-url and --cache")
     with user_input():
         checkpoints, metrics = _named(args.checkpoints), _named(args.metrics)
         _check_paths(metrics, "--metrics")
-        backend = backend_settings(args).build()
-        env_kwargs = {"task": args.task, "backend": backend, "split": args.split, "max_rounds": args.max_rounds,
-                      "num_agents": args.num_agents, "data_dir": args.data_dir, **env_options(args)}
+        backend = ReplayBackend(args.replay) if args.replay else backend_settings(args).build()
+        given = {"task": args.task, "max_rounds": args.max_rounds, "num_agents": args.num_agents}
+        env_kwargs = {"backend": backend, "split": args.split, "data_dir": args.data_dir,
+                      **{name: value for name, value in given.items() if value is not None}, **env_options(args)}
         if args.token_cost:
             env_kwargs["reward_weights"] = {"tokens": args.token_cost}
-        check_problem_count(deliberation_env.parallel_env(**env_kwargs), args.problems)
+        env = deliberation_env.parallel_env(**env_kwargs)
+        check_problem_count(env, args.problems)
+        header = replay_header(env)
+        if header and args.protocols == ["all"]:  # a set is recorded with its agents: single would play one
+            protocols = [p for p in protocols if p != "single"]
         for path in checkpoints.values():  # a missing or foreign checkpoint fails before anything is written
             load_checkpoint(path)
         os.makedirs(args.out, exist_ok=True)
@@ -174,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     finally:
         if trace is not None:
             trace.close()
-    print(save_table(rows, args.out))
+    print(save_table(rows, args.out, header=header))
     if args.cache:
         print(cache_line(rows, backend))
     plot_accuracy_vs_tokens(rows, os.path.join(args.out, "accuracy_vs_tokens.png"))

@@ -15,6 +15,7 @@ One network is shared by all agents; logits of masked actions are set to ``-1e9`
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ import gymnasium
 import numpy as np
 import torch
 from torch import nn
+
+from deliberation_env.core.features import FEATURE_FORMAT
 
 MASKED_LOGIT = -1e9
 CHECKPOINT_FORMAT = 1
@@ -234,10 +237,11 @@ def kl_and_entropy(log_p: torch.Tensor, log_q: torch.Tensor) -> tuple[torch.Tens
 
 # ----------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str, policy: Policy, algo: str, config: Mapping[str, Any], **extra: Any) -> str:
-    """Weights + config + observation layout, loadable with ``load_policy(path)``."""
+    """Weights + config + observation layout and feature format, loadable with ``load_policy(path)``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     torch.save({
-        "format": CHECKPOINT_FORMAT, "algo": algo, "hidden": policy.hidden, "layout": asdict(policy.layout),
+        "format": CHECKPOINT_FORMAT, "feature_format": FEATURE_FORMAT, "algo": algo, "hidden": policy.hidden,
+        "layout": asdict(policy.layout),
         "config": {k: v for k, v in dict(config).items() if isinstance(v, (int, float, str, bool, type(None)))},
         "state_dict": policy.state_dict(), **extra,
     }, path)
@@ -253,6 +257,11 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a baselines checkpoint (format {CHECKPOINT_FORMAT})")
+    trained = data.get("feature_format", 1)  # checkpoints from before the field: format 1
+    if trained != FEATURE_FORMAT:
+        warnings.warn(f"{path} was trained on observations of feature format {trained}; this version computes "
+                      f"format {FEATURE_FORMAT} (deliberation_env.core.features.FEATURE_FORMAT says which columns "
+                      "changed): retrain it before comparing it with policies trained now", stacklevel=2)
     return data
 
 

@@ -162,15 +162,16 @@ def main(argv: Sequence[str] | None = None) -> Policy:
             connect(cfg.ray_address)
     with user_input():
         backend = build_backend(cfg)
-        env_fn = make_env_fn(cfg, "train", backend)
+        env_fn = make_env_fn(cfg, cfg.train_split, backend)
         env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
         if options.evaluate:
             from baselines.evaluation.evaluate import check_problem_count
 
             test_env = make_env_fn(cfg, "test", backend)()
-            if cfg.replay and len(test_env.problems) < options.eval_problems:
-                print(f"the replay set's test split has {len(test_env.problems)} problems: evaluating on all of them")
-                options = replace(options, eval_problems=len(test_env.problems))
+            if cfg.replay:  # every recorded test problem, once per recorded stream (more seeds replay the same episodes)
+                streams = test_env.config.streams or 1
+                options = replace(options, eval_problems=len(test_env.problems),
+                                  eval_seeds=min(options.eval_seeds, streams))
             check_problem_count(test_env, options.eval_problems)
             if options.trace:
                 open(options.trace, "a").close()  # a trace file that cannot be written fails now, not after training
@@ -186,10 +187,31 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         print(f"\nTest split, {options.eval_problems} problems x {options.eval_seeds} seeds "
               f"(mean over all episodes, 95% per-problem bootstrap intervals; evaluated in {time.time() - start:.0f}s):\n{table}")
         print(f"saved {os.path.join(cfg.out, 'eval')}/table.md, table.csv, accuracy_vs_tokens.png, learning_curves.png")
+        if cfg.replay and (cell := benchmark_cell(cfg)) is not None:
+            from baselines.benchmark import score
+
+            report = score(policy, cell, label=algo)
+            report.save(os.path.join(cfg.out, "benchmark"))
+            note = "" if cfg.train_split == "fit" else (
+                f" (trained on {cfg.train_split!r}, which holds the validation problems the protocol is chosen on: "
+                "--train-split fit trains as the leaderboard does)")
+            print(f"\nThe leaderboard's row (docs/benchmark.md){note}:\n{report}")
     close = getattr(backend, "close", None)
     if callable(close):
         close()
     return policy
+
+
+def benchmark_cell(cfg: Any) -> str | None:
+    """The benchmark cell (``baselines.benchmark.GAMES``) a replay run plays, or None when its env options are
+    another game."""
+    from baselines.benchmark import GAMES
+
+    options = {"features": "v1", "concede_to_peer": False, **cfg.env_options}
+    for game, settings in GAMES.items():
+        if options == {"concede_to_peer": False, **settings}:
+            return f"{cfg.replay}:{game}"
+    return None
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def collect_tree(tree: CompiledTree, format: Any, wave: int, layout: ObsLayout, 
     observation ``format`` (the envs' ``ObservationFormat``), played on the tree."""
     if label_key is not None and label_key not in LABELS:
         raise ValueError(f"a compiled tree holds the labels {LABELS}, not {label_key!r}")
-    rows, summaries = new_rows(), []
+    rows = new_rows()
+    summaries: list[dict[str, Any]] = []
     for start in range(0, len(specs), wave):
         _play_wave(tree, format, layout, policy, specs, range(start, min(start + wave, len(specs))), key,
                    reward_scale, label_key, want_state, rows, summaries)
@@ -116,14 +117,41 @@ def _problem_index(tree: CompiledTree, options: dict[str, Any] | None) -> int | 
         raise ValueError(f"no problem with id {options['problem_id']!r} in the tree's split {tree.split!r}") from None
 
 
-class TreeCollector:
-    """The trainers' collector on a replay set's compiled tree (``open_collector``'s interface)."""
+def policy_probabilities(policy: Policy, layout: ObsLayout, greedy: bool = True) -> Any:
+    """The engine's ``Probabilities`` of a trained policy (``deliberation_env.engine.expected_scores``): each agent's
+    action probabilities at a batch of nodes, from the batched observations in the policy's env format; ``greedy``
+    one-hots the most probable action (the leaderboard plays greedily: ``PolicyActor(deterministic=True)``)."""
+    import torch
 
-    def __init__(self, env_fn: Any, wave: int, dataset: str, split: str, options: dict[str, Any]):
+    def probabilities(observations: Any, nodes: np.ndarray) -> np.ndarray:
+        first = next(iter(observations.values())) if isinstance(observations, dict) else observations
+        count, agents = first.shape[:2]
+        x, mask = encode_batch(layout, _rows_of(observations, np.arange(count), count * agents), count * agents)
+        with torch.no_grad():
+            logits = policy(x, mask)
+        if greedy:
+            out = np.eye(layout.num_actions)[logits.argmax(-1).numpy()]
+        else:
+            out = torch.softmax(logits.double(), -1).numpy()
+        return out.reshape(count, agents, layout.num_actions)
+
+    return probabilities
+
+
+class TreeCollector:
+    """The trainers' collector on a replay set's compiled tree (``open_collector``'s interface): ``env_fn`` makes
+    the set's envs (an ``EnvFactory``); the tree is compiled from the set its backend has loaded."""
+
+    def __init__(self, env_fn: Any, wave: int, split: str, options: dict[str, Any]):
+        from deliberation_env.replay.backend import replay_backend
+
         self.env = env_fn()
         """An env of the learner's own (the observation layout, and the format the tree's observations take)."""
         self.wave = wave
-        self.tree = compile_tree(dataset, split, **options)
+        replay = replay_backend(self.env.backends[0])
+        if replay is None:
+            raise ValueError("TreeCollector needs the envs of a replay set (engine='tree' plays a recorded tree)")
+        self.tree = compile_tree(replay.set, split, **options)
 
     def collect(self, layout: ObsLayout, policy: Policy | None, specs: Sequence[EpisodeSpec], key: Sequence[int],
                 **options: Any) -> Rollouts:

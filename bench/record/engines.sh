@@ -10,8 +10,8 @@ PROBLEMS=${PROBLEMS:-200:208}
 N=$(( ${PROBLEMS#*:} - ${PROBLEMS%:*} ))
 TMP=$(mktemp -d)
 source bench/record/llama_server.sh
-TREE=(--task arithmetic --task-option 'levels=[0,1]' --split test --problems "$PROBLEMS" --chunk "$N" --agents 3
-      --rounds 1 --max-tokens 256 --confidence critic_text --wave 16 --concede-targets all)
+TREE=(--task arithmetic --task-option 'levels=[0,1]' --split test --problems "$PROBLEMS" --chunk "$N" --num-agents 3
+      --max-rounds 1 --max-tokens 256 --confidence critic_text --wave 16 --concede-targets all)
 seconds() {  # name, backend flags...
     local name=$1; shift
     local start; start=$(date +%s.%N)

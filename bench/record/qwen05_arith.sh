@@ -12,6 +12,6 @@ MODEL=${MODEL:-$HOME/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k
 source "$(dirname "$0")/llama_server.sh"
 serve_gguf "$MODEL"
 bash "$(dirname "$0")/chunked.sh" qwen05-arith-v2 --task arithmetic --task-option 'levels=[0,1]' \
-    --agents 3 --rounds 1 --streams 1 --max-tokens 256 --confidence critic_text --wave 16 --concede-targets all \
+    --num-agents 3 --max-rounds 1 --streams 1 --max-tokens 256 --confidence critic_text --wave 16 --concede-targets all \
     "${RECORD_FLAGS[@]}" \
     --weights-source https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF --weights-license Apache-2.0

@@ -13,7 +13,7 @@ export LLAMA_PORT=${LLAMA_PORT:-8090}
 source "$(dirname "$0")/llama_server.sh"
 serve_gguf "$MODEL"
 bash "$(dirname "$0")/chunked.sh" qwen05-team-arith --task arithmetic --task-option 'levels=[0,1]' \
-    --agents 3 --rounds 1 --streams 1 --max-tokens 256 --confidence critic_text --wave 16 --concede-targets all \
+    --num-agents 3 --max-rounds 1 --streams 1 --max-tokens 256 --confidence critic_text --wave 16 --concede-targets all \
     --env-option 'roles=[{"name": "default", "tool": "python_check"}, {"name": "no_code", "prompt": "no_code", "tool": "python_check"}, {"name": "program", "prompt": "program", "tool": "python"}]' \
     "${RECORD_FLAGS[@]}" \
     --weights-source https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF --weights-license Apache-2.0

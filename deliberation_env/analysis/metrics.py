@@ -55,8 +55,9 @@ def paired_bootstrap(a: Floats, b: Floats, resamples: int = 4000,
 
 
 def hierarchical_bootstrap(cells: Sequence[np.ndarray], weights: Sequence[float], resamples: int = 4000,
-                           seed: int = 0) -> tuple[float, float, float]:
-    """``sum_c weights[c] * mean(cells[c])`` and its percentile bootstrap 95% interval over training runs and problems.
+                           seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """``sum_c weights[c] * mean(cells[c])`` and its percentile bootstrap interval (``level``, default 95%) over
+    training runs and problems.
 
     ``cells[c]``: cell c's scores, one row per training run, one column per problem (the same problems in every cell;
     a 1-D array is one run). Each resample draws every cell's runs with replacement, then one set of problems with
@@ -75,7 +76,8 @@ def hierarchical_bootstrap(cells: Sequence[np.ndarray], weights: Sequence[float]
         combined += weight * cell[runs].mean(1)  # each resample's mean over its drawn runs, per problem
     means = np.take_along_axis(combined, columns, 1).mean(1)
     estimate = sum(weight * cell.mean() for cell, weight in zip(scores, weights))
-    return float(estimate), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    tail = 50.0 * (1.0 - level)
+    return float(estimate), float(np.percentile(means, tail)), float(np.percentile(means, 100.0 - tail))
 
 
 def clustered_auroc(groups: Sequence[tuple[Floats, Sequence[bool]]], resamples: int = 1000,

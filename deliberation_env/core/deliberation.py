@@ -37,10 +37,10 @@ from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.config import DeliberationConfig
 from deliberation_env.core.consensus import plurality, support
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
-from deliberation_env.core.roles import role_indices
+from deliberation_env.core.roles import role_indices, role_task
 from deliberation_env.core.seeds import request_seed, stream_seed
 from deliberation_env.core.tools import ANSWERING_TOOLS, program_of, run_messages
-from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale, styled
+from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
 
 log = logging.getLogger(__name__)
 __all__ = ["Action", "AgentState", "Deliberation", "DeliberationConfig", "Phase", "RoundOutcome"]
@@ -129,6 +129,8 @@ class Deliberation:
         self._starting = False
         self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
+        self._solutions: dict[int, Completion] = {}
+        """The solutions whose programs are running (a TOOL phase), by agent."""
         self.round_requests: list[tuple[int, str, int, int]] = []
         """(agent, kind, prompt_tokens, completion_tokens) of every request answered in the current round (since
         ``start`` or ``begin_round``), in order: what the agents' ``step_tokens`` are made of (traces read it)."""
@@ -137,7 +139,7 @@ class Deliberation:
         self._signals = config.features != "v1"
         self._roles = role_indices(config.roles, count) if config.features == "v3" else None
         roles = config.roles or [None] * count
-        self._tasks = [task if role is None or role.prompt is None else styled(task, role.prompt) for role in roles]
+        self._tasks = [role_task(task, role) for role in roles]
         """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
         self._tools = [None if role is None else role.tool for role in roles]
         self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
@@ -158,7 +160,7 @@ class Deliberation:
         self.agents = [AgentState() for _ in range(self.config.num_agents)]
         self.round, self.done, self._grades = 0, False, {}
         self._changed, self._starting = [], True
-        self._derived = {}
+        self._derived, self._solutions = {}, {}
         self.round_requests = []
         self._request_generation([(i, self._tasks[i].solve_messages(problem), "solve")
                                   for i in range(self.config.num_agents)])
@@ -214,11 +216,11 @@ class Deliberation:
             runs = []
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
-                if self.config.confidence == "answer_logprobs":
-                    agent = self.agents[request.agent]
-                    agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
                 if self._tools[request.agent] is not None and (program := program_of(completion.text)) is not None:
                     runs.append(self._request(request.agent, run_messages(program), "run"))
+                    self._solutions[request.agent] = completion  # read once the program's output is in
+                else:
+                    self._read_answer(request.agent, completion)
             if runs:
                 self._pending, self.phase = runs, Phase.TOOL
             else:
@@ -226,6 +228,7 @@ class Deliberation:
         elif self.phase is Phase.TOOL:
             for request, completion in zip(requests, completions):
                 self._absorb_output(request.agent, completion.text)
+                self._read_answer(request.agent, self._solutions.pop(request.agent))
             self._request_critics()
         elif self.phase is Phase.CRITIC:
             for request, completion in zip(requests, completions):
@@ -416,16 +419,24 @@ class Deliberation:
         """The round the pending requests belong to: 0 while starting, else the round being played."""
         return self.round if self._starting else self.round + 1
 
+    def sampling(self, agent: int, kind: RequestKind) -> tuple[int, float]:
+        """The ``max_tokens`` and temperature of ``agent``'s requests of ``kind`` under this config (a replay backend
+        answers only the sampling settings of the envs it checked)."""
+        if kind == "critic":
+            return self.config.critic_max_tokens, self.config.critic_temperature
+        return self.config.max_tokens, 0.0 if kind == "run" else self._temperatures[agent]
+
     def _request(self, agent: int, messages, kind: RequestKind) -> Request:
         critic, run = kind == "critic", kind == "run"
         config = self.config
+        max_tokens, temperature = self.sampling(agent, kind)
         return Request(
             messages=messages,
             kind=kind,
             agent=agent,
             seed=request_seed(self._seed, self.request_round, agent, kind),
-            max_tokens=config.critic_max_tokens if critic else config.max_tokens,
-            temperature=config.critic_temperature if critic else 0.0 if run else self._temperatures[agent],
+            max_tokens=max_tokens,
+            temperature=temperature,
             logprobs=critic and config.confidence == "critic",
             token_logprobs=not critic and not run and (config.confidence == "answer_logprobs" or self._signals),
             episode=self._episode,
@@ -465,8 +476,6 @@ class Deliberation:
         changed = answer != agent.answer
         agent.text, agent.answer = text, answer
         agent.correct = self.grade(answer)
-        if self._signals:
-            agent.signals = features.completion_signals(completion, answer)
         length = min(completion.completion_tokens / self.config.max_tokens, 1.0)
         agent.profile = (
             text_features[0],
@@ -476,6 +485,15 @@ class Deliberation:
             1.0 if changed and not self._starting else 0.0,
         )
         self._spend(agent, completion)
+
+    def _read_answer(self, index: int, completion: Completion) -> None:
+        """What the completion says of the answer the agent gives (its program's where its tool answers): the v2
+        signals and the ``answer_logprobs`` confidence."""
+        agent = self.agents[index]
+        if self._signals:
+            agent.signals = features.completion_signals(completion, agent.answer)
+        if self.config.confidence == "answer_logprobs":
+            agent.confidence, agent.confidence_source = answer_confidence(completion, agent.answer)
 
     def _absorb_output(self, index: int, output: str) -> None:
         agent = self.agents[index]

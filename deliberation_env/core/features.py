@@ -42,6 +42,10 @@ CONCEDE takes its target's). The core then asks the backend for every generated 
 | 22    | target_in_consensus | 1 if its concede target holds the team's plurality answer         | 0       |
 |       |                     | (0 when CONCEDE is masked)                                        |         |
 
+"The answer" is the one the agent gives: a program-aided agent's (``tool="python"``) is what its program printed
+where it printed one (``core.tools``), so its ``answer_prob`` and ``answer_repeats`` read that answer in its text
+(``FEATURE_FORMAT`` 2; format 1 read the text's own answer).
+
 ``features="v3"`` appends the agent's role (``core.roles``) and its tool's verdict to v2's 23 columns, 29 in all:
 
 | index | name        | meaning                                                                             |
@@ -96,6 +100,11 @@ ROLE_FEATURES = (*(f"role_{k}" for k in range(MAX_ROLES)), "tool_ran", "tool_agr
 FEATURE_SETS: dict[str, tuple[str, ...]] = {"v1": FEATURES, "v2": FEATURES + SIGNAL_FEATURES,
                                             "v3": FEATURES + SIGNAL_FEATURES + ROLE_FEATURES}
 """Feature set name -> its column names, in order."""
+FEATURE_FORMAT = 2
+"""The version of the columns' computation: bump when a column's computation changes, so that what was fitted or
+compiled on older observations (a policy checkpoint records it) can tell. 1: the first sets; 2: a program-aided
+agent's ``answer_prob`` and ``answer_repeats`` (and its ``answer_logprobs`` confidence) read the answer its program
+printed, not its text's."""
 SIGNAL_OFFSET = NUM_FEATURES
 ROLE_OFFSET = SIGNAL_OFFSET + len(SIGNAL_FEATURES)
 TOOL_OFFSET = ROLE_OFFSET + MAX_ROLES

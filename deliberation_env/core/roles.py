@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from deliberation_env.core.tools import TOOLS
+from deliberation_env.tasks.base import Task, styled
 
 MAX_ROLES = 4
 """Distinct roles a team may hold (the width of the ``features="v3"`` role one-hot)."""
@@ -104,3 +105,9 @@ def role_indices(roles: Sequence[Role] | None, num_agents: int) -> list[int]:
 def roles_setting(roles: Sequence[Role] | None) -> list[dict[str, Any]] | None:
     """The roles as plain data (a replay card's ``settings["roles"]``)."""
     return None if roles is None else [role.to_dict() for role in roles]
+
+
+def role_task(task: Task, role: Role | None) -> Task:
+    """The task as an agent of ``role`` sees it: a view with the role's prompt style, or ``task`` itself (no role, or
+    a role without a prompt style)."""
+    return task if role is None or role.prompt is None else styled(task, role.prompt)

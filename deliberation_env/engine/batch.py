@@ -21,8 +21,8 @@ action): ``reset(seeds=[...])`` draws each episode's problem and stream from its
 | info                 | arrays: ``consensus_correct`` (B,), ``correct``, ``tokens``, ``oracle_action`` (B, N), |
 |                      | ``reward_<component>`` (B, N), ``problem``, ``stream``, ``node`` (B,)         |
 
-A masked action raises ``ValueError`` (the env's default); ``invalid_action="persist"`` plays it as PERSIST, as
-the env does. Episodes do not restart by themselves: ``reset(...)`` starts a new batch, ``reset_done(...)`` restarts
+A masked action is played as PERSIST (``invalid_action="persist"``, the env's default); ``invalid_action="raise"``
+raises ``ValueError`` instead, as the env does with that option. Episodes do not restart by themselves: ``reset(...)`` starts a new batch, ``reset_done(...)`` restarts
 only the ended ones (the other rows keep their state). ``engine.gym.TreeVectorEnv`` is the Gymnasium form.
 """
 
@@ -41,7 +41,7 @@ class TreeEnv:
     """``num_envs`` episodes of a ``CompiledTree`` stepped together (see the module docstring)."""
 
     def __init__(self, tree: CompiledTree, num_envs: int, *, format: ObservationFormat | None = None,
-                 invalid_action: str = "raise", **format_keywords: Any):
+                 invalid_action: str = "persist", **format_keywords: Any):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if invalid_action not in ("raise", "persist"):
@@ -55,16 +55,9 @@ class TreeEnv:
         self.observation_space = self.format.space(n, width, tree.num_actions)
         """One agent's observation space, as the PettingZoo env's ``observation_space(agent)``."""
         self._joint_weights = tree.num_actions ** np.arange(n - 1, -1, -1)
-        # Everything a step reads, packed per node and per edge, so that a step is a few gathers (``np.take``).
-        rows = tree.rows
-        raw = {"self": rows, "peers": rows[:, tree.peer_matrix, :], "agreement": tree.agreement, "action_mask": tree.mask}
-        self._packed = np.ascontiguousarray(raw_flat(raw, ("self", "peers", "agreement")))
-        self._legal = (tree.mask.astype(np.int64) << np.arange(tree.num_actions)).sum(-1)
-        self._node_ints = np.concatenate([tree.consensus_correct[:, None], tree.correct, tree.tokens, tree.oracle,
-                                          tree.problem[:, None], tree.stream[:, None]], axis=1).astype(np.int32)
-        self._edge_floats = np.concatenate([tree.rewards[..., None], tree.components], axis=-1).reshape(
-            -1, n, 1 + len(tree.component_names))
-        self._edge_ints = np.stack([tree.child.reshape(-1), tree.done.reshape(-1)], axis=1).astype(np.int32)
+        packed = packed_arrays(tree)
+        self._packed, self._legal = packed["observations"], packed["legal"]
+        self._node_ints, self._edge_floats, self._edge_ints = packed["node_ints"], packed["edge_floats"], packed["edge_ints"]
         self.node = np.zeros(num_envs, np.int64)
         """Each episode's current node in the tree."""
         self.ended = np.ones(num_envs, bool)
@@ -78,17 +71,18 @@ class TreeEnv:
         fixes each episode's problem index (as ``options={"problem_index": ...}``; None: drawn)."""
         self.node[:] = self._starts(self.num_envs, seed, seeds, problems)
         self.ended[:] = False
-        return self._observe(self.node), self._info(self.node)
+        return self._observe(self.node), self.node_info(self.node)
 
-    def reset_done(self, seed: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
-        """Restart the ended episodes only (drawn from this env's generator, seeded by ``seed`` if given)."""
-        ended = self.ended
+    def reset_done(self, seed: int | None = None, which: np.ndarray | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """Restart the ended episodes (those of them where ``which`` is true, if given), drawn from this env's
+        generator (seeded by ``seed`` if given); the others keep their state."""
+        ended = self.ended if which is None else self.ended & np.asarray(which, bool)
         if ended.all():
             self.node[:] = self._starts(self.num_envs, seed, None, None)
         elif ended.any():
             self.node[ended] = self._starts(int(ended.sum()), seed, None, None)
-        ended[:] = False
-        return self._observe(self.node), self._info(self.node)
+        self.ended[ended] = False
+        return self._observe(self.node), self.node_info(self.node)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """One round of every live episode (see the module docstring)."""
@@ -127,7 +121,7 @@ class TreeEnv:
             done = self.ended.copy()
             done[live] = ints[:, 1].astype(bool)
         self.ended = done
-        info = self._info(self.node)
+        info = self.node_info(self.node)
         info["live"] = live
         for c, name in enumerate(tree.component_names):
             info[f"reward_{name}"] = floats[:, :, 1 + c]
@@ -171,16 +165,17 @@ class TreeEnv:
             picked, stream = np.zeros(count, np.int64), np.zeros(count, np.int64)
             for i, one in enumerate(seeds):  # the PettingZoo env's draws: the problem (unless fixed), the episode seed
                 rng = np.random.default_rng(int(one))
-                picked[i] = rng.integers(problem_count) if fixed[i] is None else fixed[i]
+                given = fixed[i]
+                picked[i] = int(rng.integers(problem_count)) if given is None else int(given)
                 stream[i] = int(rng.integers(0, 2**62)) % streams
         else:
             if seed is not None:
                 self.rng = np.random.default_rng(seed)
             picked = self.rng.integers(problem_count, size=count)
             if problems is not None:
-                given = np.array([p is not None for p in fixed])
-                picked[given] = [int(p) for p in fixed if p is not None]
-            stream = self.rng.integers(streams, size=count) if streams > 1 else 0
+                chosen = np.array([p is not None for p in fixed])
+                picked[chosen] = [int(p) for p in fixed if p is not None]
+            stream = self.rng.integers(streams, size=count)
         return tree.roots[picked, stream].astype(np.int64)
 
     def _observe(self, nodes: np.ndarray) -> Any:
@@ -199,12 +194,38 @@ class TreeEnv:
             return np.concatenate([packed, mask.astype(np.float32)], axis=-1)
         return packed
 
-    def _info(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
+    def node_info(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
+        """The info arrays (module docstring) of the given nodes."""
         n = self.tree.num_agents
         ints = np.take(self._node_ints, nodes, axis=0)
         return {"consensus_correct": ints[..., 0].astype(bool), "correct": ints[..., 1:1 + n].astype(bool),
                 "tokens": ints[..., 1 + n:1 + 2 * n], "oracle_action": ints[..., 1 + 2 * n:1 + 3 * n],
                 "problem": ints[..., 1 + 3 * n], "stream": ints[..., 2 + 3 * n], "node": nodes.copy()}
+
+
+_PACKED: dict[int, tuple[CompiledTree, dict[str, np.ndarray]]] = {}
+"""Packed arrays by tree (its id, kept with the tree so that the id is not reused): built once per tree."""
+
+
+def packed_arrays(tree: CompiledTree) -> dict[str, np.ndarray]:
+    """Everything a step reads, packed per node and per edge so that a step is a few gathers (``np.take``)."""
+    if id(tree) in _PACKED:
+        return _PACKED[id(tree)][1]
+    n, rows = tree.num_agents, tree.rows
+    raw = {"self": rows, "peers": rows[:, tree.peer_matrix, :], "agreement": tree.agreement}
+    packed = {
+        "observations": np.ascontiguousarray(raw_flat(raw, ("self", "peers", "agreement"))),
+        "legal": (tree.mask.astype(np.int64) << np.arange(tree.num_actions)).sum(-1),
+        "node_ints": np.concatenate([tree.consensus_correct[:, None], tree.correct, tree.tokens, tree.oracle,
+                                     tree.problem[:, None], tree.stream[:, None]], axis=1).astype(np.int32),
+        "edge_floats": np.concatenate([tree.rewards[..., None], tree.components], axis=-1).reshape(
+            -1, n, 1 + len(tree.component_names)),
+        "edge_ints": np.stack([tree.child.reshape(-1), tree.done.reshape(-1)], axis=1).astype(np.int32),
+    }
+    if len(_PACKED) >= 8:
+        _PACKED.clear()
+    _PACKED[id(tree)] = (tree, packed)
+    return packed
 
 
 def raw_flat(raw: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:

@@ -47,10 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core import features
 from deliberation_env.core.rewards import REWARD_COMPONENTS
-from deliberation_env.vector import Step
+from deliberation_env.vector import Start, Step, run_episodes
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +158,12 @@ def cache_dir() -> Path:
 
 
 def code_fingerprint() -> str:
-    """A hash of the source that decides a game's outcomes and observations (see the module docstring)."""
+    """A hash of the source that decides a game's outcomes and observations (see the module docstring), as it was
+    when this process loaded it: a process running older code never keys its trees as the files' newer code."""
+    return _FINGERPRINT
+
+
+def _source_fingerprint() -> str:
     package = Path(__file__).resolve().parent.parent
     paths = [p for d in _SOURCE_DIRS for p in sorted((package / d).glob("*.py"))]
     paths += [package / name for name in _SOURCE_FILES]
@@ -168,6 +172,9 @@ def code_fingerprint() -> str:
         digest.update(path.relative_to(package).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+_FINGERPRINT = _source_fingerprint()
 
 
 def game_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -234,25 +241,29 @@ def verify(tree: CompiledTree, env: Any, episodes: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     joints = tree.joint_actions()
     by_id = {problem.id: problem for problem in env.problems}
-    for _ in range(episodes):
-        p, s = int(rng.integers(len(tree.problem_ids))), int(rng.integers(tree.streams))
-        node = int(tree.roots[p, s])
-        if tree.problem_ids[p] not in by_id:
-            raise StaleTree(f"compiled tree {tree.name}/{tree.split} holds problem {tree.problem_ids[p]!r}, which "
-                            "the set no longer has")
-        env.begin_reset(by_id[tree.problem_ids[p]], s)
-        answer_pending([env])
-        observations, infos = env.end_reset()
-        _compare(tree, node, observations, infos, "reset")
-        while tree.expand[node] >= 0:
-            edge, j = int(tree.expand[node]), int(rng.integers(tree.num_joint))
-            observations, rewards, terminations, _, infos = env.step(dict(zip(env.possible_agents, joints[j].tolist())))
-            node = int(tree.child[edge, j])
-            _compare(tree, node, observations, infos, f"joint action {j}")
-            if not np.allclose([rewards[a] for a in env.possible_agents], tree.rewards[edge, j], atol=1e-6):
-                raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: the rewards of joint action {j} differ")
-            if all(terminations.values()) != bool(tree.done[edge, j]):
+    missing = [problem for problem in tree.problem_ids if problem not in by_id]
+    if missing:
+        raise StaleTree(f"compiled tree {tree.name}/{tree.split} holds problem {missing[0]!r}, which the set no "
+                        "longer has")
+    picks = [(int(rng.integers(len(tree.problem_ids))), int(rng.integers(tree.streams))) for _ in range(episodes)]
+    nodes = [int(tree.roots[p, s]) for p, s in picks]
+
+    def act(steps: list[Step]) -> list[dict[str, int]]:
+        return [dict(zip(env.possible_agents, joints[int(rng.integers(tree.num_joint))].tolist())) for _ in steps]
+
+    def on_step(step: Step) -> None:
+        where = "reset"
+        if step.actions is not None:
+            j = int(tree.joint_index(np.array([step.actions[a] for a in env.possible_agents])))
+            edge, where = int(tree.expand[nodes[step.episode]]), f"joint action {j}"
+            nodes[step.episode] = int(tree.child[edge, j])
+            if not np.allclose([step.rewards[a] for a in env.possible_agents], tree.rewards[edge, j], atol=1e-6):
+                raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: the rewards of {where} differ")
+            if step.done != bool(tree.done[edge, j]):
                 raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: termination differs")
+        _compare(tree, nodes[step.episode], step.observations, step.infos, where)
+
+    run_episodes([env], [Start(seed=s, problem=by_id[tree.problem_ids[p]]) for p, s in picks], act, on_step)
 
 
 def _compare(tree: CompiledTree, node: int, observations: Mapping[str, Any], infos: Mapping[str, Any],
@@ -269,15 +280,19 @@ def _compare(tree: CompiledTree, node: int, observations: Mapping[str, Any], inf
 
 def _compile(env: Any, problems: list[Any], name: str, split: str, key: str) -> CompiledTree:
     """Play every joint action sequence of every problem (of ``env``'s) and stream on ``env`` (the module
-    docstring)."""
+    docstring), level by level: the states after d rounds are expanded by the episodes that replay their history
+    and then play each joint action (and PERSIST after it, to the episode's end, where more rounds remain)."""
     config, agents = env.config, env.possible_agents
     n, a, streams = config.num_agents, env.action_space(agents[0]).n, config.streams or 1
     joints = [tuple(j) for j in itertools.product(range(a), repeat=n)]
+    components = list(REWARD_COMPONENTS)
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     expand: list[int] = []
+    roots = np.full((len(problems), streams), -1, np.int32)
 
-    def add_node(observations, infos, problem: int, stream: int, depth: int) -> int:
+    def add_node(step: Step, problem: int, stream: int, depth: int) -> int:
+        observations, infos = step.observations, step.infos
         nodes.append({"rows": [observations[x]["self"] for x in agents],
                       "agreement": [observations[x]["agreement"] for x in agents],
                       "mask": [observations[x]["action_mask"] for x in agents],
@@ -289,31 +304,51 @@ def _compile(env: Any, problems: list[Any], name: str, split: str, key: str) -> 
         expand.append(-1)
         return len(nodes) - 1
 
-    roots = np.zeros((len(problems), streams), np.int32)
-    frontier: list[tuple[int, tuple[int, ...]]] = []  # (node, joint-action history) of states still to expand
-    for p, problem in enumerate(problems):
-        for s in range(streams):  # round 0 through the env's phased reset: the episode seed s plays stream s
-            env.begin_reset(problem, s)
-            answer_pending([env])
-            roots[p, s] = add_node(*env.end_reset(), p, s, 0)
-            frontier.append((int(roots[p, s]), ()))
-    components = list(REWARD_COMPONENTS)
-    while frontier:
-        expanding, frontier = frontier, []
-        for node, _ in expanding:
-            expand[node] = len(edges)
-            edges.append({"child": [0] * len(joints), "done": [False] * len(joints),
-                          "rewards": [[0.0] * n] * len(joints), "components": [[[0.0] * len(components)] * n] * len(joints)})
-        plays = [(node, history + (j,)) for node, history in expanding for j in range(len(joints))]
-        starts = [problems[nodes[node]["problem"]] for node, _ in plays]
-        for (node, history), step in _play(env, plays, starts, [nodes[node]["stream"] for node, _ in plays], joints):
-            edge, j = edges[expand[node]], history[-1]
-            child = add_node(step.observations, step.infos, nodes[node]["problem"], nodes[node]["stream"], len(history))
+    def open_edges(node: int) -> None:
+        expand[node] = len(edges)
+        edges.append({"child": [0] * len(joints), "done": [False] * len(joints),
+                      "rewards": [[0.0] * n for _ in joints], "components": [[[0.0] * len(components)] * n for _ in joints]})
+
+    def play(level: list[tuple[int, int, int, tuple[int, ...]]]) -> list[tuple[int, int, int, tuple[int, ...]]]:
+        """Play each (problem, stream, parent node or -1 for a root not yet seen, joint-action history); record the
+        node each history's last joint action reaches; return the plays of the next level."""
+        found: list[tuple[int, int, int, tuple[int, ...]]] = []
+        played = [0] * len(level)
+
+        def act(steps: list[Step]) -> list[dict[str, int]]:
+            moves = []
+            for step in steps:
+                history, depth = level[step.episode][3], played[step.episode]
+                moves.append(dict(zip(agents, joints[history[depth]] if depth < len(history) else joints[0])))
+            return moves
+
+        def on_step(step: Step) -> None:
+            p, s, parent, history = level[step.episode]
+            if step.actions is None:
+                if parent < 0 and roots[p, s] < 0:  # the first play of a root's children records the root
+                    roots[p, s] = add_node(step, p, s, 0)
+                    open_edges(int(roots[p, s]))
+                return
+            played[step.episode] += 1
+            if played[step.episode] != len(history):
+                return  # the replayed prefix, or the PERSIST steps after the joint action that was expanded
+            parent = int(roots[p, s]) if parent < 0 else parent
+            edge, j = edges[expand[parent]], history[-1]
+            child = add_node(step, p, s, len(history))
             edge["child"][j], edge["done"][j] = child, step.done
             edge["rewards"][j] = [float(step.rewards[x]) for x in agents]
             edge["components"][j] = [[step.infos[x][f"reward_{c}"] for c in components] for x in agents]
             if not step.done:
-                frontier.append((child, history))
+                open_edges(child)
+                found.extend((p, s, child, history + (k,)) for k in range(len(joints)))
+
+        # the episode seed s plays stream s (``DeliberationConfig.streams``: seed % streams)
+        run_episodes([env], [Start(seed=s, problem=problems[p]) for p, s, _, _ in level], act, on_step)
+        return found
+
+    level: list[tuple[int, int, int, tuple[int, ...]]] = [(p, s, -1, (j,)) for p in range(len(problems)) for s in range(streams) for j in range(len(joints))]
+    while level:
+        level = play(level)
 
     def stack(field: str, dtype: Any) -> np.ndarray:
         return np.asarray([node[field] for node in nodes], dtype=dtype)
@@ -333,24 +368,6 @@ def _compile(env: Any, problems: list[Any], name: str, split: str, key: str) -> 
         done=edge_stack("done", bool, (len(joints),)), rewards=edge_stack("rewards", np.float32, (len(joints), n)),
         components=edge_stack("components", np.float32, (len(joints), n, len(components))),
     )
-
-
-def _play(env: Any, plays: list[tuple[int, tuple[int, ...]]], problems: list[Any], streams: list[int],
-          joints: list[tuple[int, ...]]) -> list[tuple[tuple[int, tuple[int, ...]], Step]]:
-    """Each play's joint-action history from its problem and stream (the episode seed that picks it) on ``env``,
-    through its phased reset and its ``step``; the last step of each, with its play. A tree walk, not an episode
-    runner: each history stops where it ends, before the episode does."""
-    last = []
-    for play, problem, stream in zip(plays, problems, streams):
-        env.begin_reset(problem, stream)
-        answer_pending([env])
-        observations, infos = env.end_reset()
-        for j in play[1]:
-            actions = dict(zip(env.possible_agents, joints[j]))
-            observations, rewards, terminations, truncations, infos = env.step(actions)
-        done = not env.agents
-        last.append((play, Step(0, 0, env, observations, infos, actions, rewards, terminations, truncations, done)))
-    return last
 
 
 def _plain(value: Any) -> Any:

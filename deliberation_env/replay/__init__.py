@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from deliberation_env.replay.backend import ReplayBackend, ReplayMiss
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, env_settings, load_card, shipped
+from deliberation_env.replay.dataset import ReplayError, ReplaySet, departures, env_settings, load_card, shipped
 
 
 def __getattr__(name: str) -> Any:
@@ -20,5 +20,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "env_settings", "load_card", "replay_env",
-           "shipped"]
+__all__ = ["ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "departures", "env_settings", "load_card",
+           "replay_env", "shipped"]

@@ -1,8 +1,8 @@
 """``backend="replay"``: answer an env's requests from a recorded replay set (see ``replay.dataset``).
 
-    env = deliberation_env.parallel_env(task="arithmetic", backend="replay",
-                                        backend_kwargs={"dataset": "qwen05-arith-v2"}, ...)
-    env = deliberation_env.replay_env("qwen05-arith-v2", split="test")   # the set's own settings
+    env = deliberation_env.parallel_env(backend="replay", backend_kwargs={"dataset": "qwen05-arith-v2"},
+                                        split="train")      # the set's recorded game, for what is not given
+    env = deliberation_env.replay_env("qwen05-arith-v2", split="train")   # the same: the set's own settings
 
 At env construction the backend checks that the set serves every episode the env can play
 (``ReplaySet.check``): the same task prompts and problems, the same request-determining settings, no
@@ -23,15 +23,26 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, cast, get_args
 
-from deliberation_env.backends.base import Backend, Completion, Request
-from deliberation_env.core.deliberation import DeliberationConfig
+from deliberation_env.backends.base import Backend, Completion, Request, RequestKind
+from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, record_of, rich_request, write_card
+from deliberation_env.replay.dataset import (
+    ReplayError,
+    ReplaySet,
+    env_settings,
+    record_of,
+    rich_request,
+    task_split,
+    write_card,
+)
 from deliberation_env.replay.format import write_chunk
 from deliberation_env.replay.markdown import card_markdown
 from deliberation_env.tasks.base import Problem, Task
+
+SAMPLING_SETTINGS = ("max_tokens", "critic_max_tokens", "temperature", "critic_temperature")
+"""The card settings a request's sampling comes from (named when an unchecked env's request is refused)."""
 
 
 class ReplayMiss(LookupError):
@@ -68,8 +79,9 @@ class ReplayBackend:
                     f"backend is {found!r}. Its answers would pass for the recorded model's: use a fallback of that "
                     f"model, or pass fallback_model={found!r} to accept this one on purpose")
         self.fallback, self.write_back = fallback, write_back
-        self.bound = False
-        """Whether an env bound this backend (so the set's integrity check ran for what it asks)."""
+        self._admitted: set[tuple[str, int, float]] = set()
+        """(kind, max_tokens, temperature) of the requests the envs that bound this backend make: a request with other
+        settings comes from an env whose integrity check never ran (one behind a wrapper that hides this backend)."""
         self._splits: dict[str, str] = {}
         """The split of each problem of the bound envs' tasks, for naming misses and fallback chunks (problem ids are
         distinct across splits: a train env and a test env on this backend never overwrite each other's)."""
@@ -81,21 +93,27 @@ class ReplayBackend:
     def __repr__(self) -> str:
         return f"ReplayBackend({self.set!r})"
 
+    @property
+    def bound(self) -> bool:
+        """Whether an env bound this backend (so the set's integrity check ran for what it asks)."""
+        return bool(self._admitted)
+
     def bind(self, task: Task, config: DeliberationConfig, split: str) -> Binding:
         """Check that the set serves the env (ReplayError if not) and say which problems and streams it has."""
         card = self.set.card
         streams = card.streams if config.streams is None else config.streams
-        problems = self.set.check(task, replace(config, streams=streams, request_format=card.request_format), split)
-        self.bound = True
-        self._splits.update((problem.id, split) for problem in task.problems(split))
+        config = replace(config, streams=streams, request_format=card.request_format)
+        problems = self.set.check(task, config, split)
+        core = Deliberation(task, config)
+        self._admitted.update((kind, *core.sampling(agent, kind)) for agent in range(config.num_agents)
+                              for kind in get_args(RequestKind))
+        self._splits.update((problem.id, task_split(card, split)) for problem in problems)
         return Binding(split, problems, streams, card.request_format)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        if not self.bound:
-            raise ReplayError(
-                f"replay set {self.set.card.name!r} was asked for completions before an env bound it, so its "
-                "integrity check never ran (a wrapper that hides the replay backend does this): give the ReplayBackend "
-                "to the env itself, or have the wrapper expose it as its `inner` attribute")
+        stranger = next((r for r in requests if (r.kind, r.max_tokens, r.temperature) not in self._admitted), None)
+        if stranger is not None:
+            raise ReplayError(self._describe_stranger(stranger))
         completions: list[Completion | None] = [self.set.lookup(request) for request in requests]
         gaps = [i for i, completion in enumerate(completions) if completion is None]
         self.hits += len(requests) - len(gaps)
@@ -139,6 +157,19 @@ class ReplayBackend:
                     return {"split": split, "problem": problem, "stream": stream, "round": round_}
         return {"split": split, "problem": problem, "stream": -1, "round": -1}
 
+    def _describe_stranger(self, request: Request) -> str:
+        """The error of a request that no env bound to this backend makes, so that no integrity check covered it."""
+        fix = ("a wrapper that hides the replay backend does this: give the ReplayBackend to the env itself, or have "
+               "the wrapper expose it as its `inner` attribute")
+        name, settings = self.set.card.name, self.set.card.settings
+        sampling = ", ".join(f"{key}={settings[key]}" for key in SAMPLING_SETTINGS if key in settings)
+        if not self._admitted:
+            return (f"replay set {name!r} was asked for completions before an env bound it, so its integrity check "
+                    f"never ran ({fix})")
+        return (f"replay set {name!r} was asked for a {request.kind} completion with max_tokens={request.max_tokens}, "
+                f"temperature={request.temperature}, which no env bound to it asks for: the env that sent it was never "
+                f"checked against the set ({fix}; the set was recorded with {sampling})")
+
     def _describe_miss(self, request: Request, count: int) -> str:
         place, card = self._place(request), self.set.card
         where = (f"problem {place['problem']!r} (split {place['split']!r}), stream {place['stream']}, "
@@ -150,8 +181,15 @@ class ReplayBackend:
                     "cannot grow rounds or change settings; record a new set with `python -m deliberation_env.record "
                     "--out NEW_FOLDER ...`, or pass fallback=<live backend> to fill gaps")
         return (f"{missing}. Record it with `python -m deliberation_env.record --out {self.set.path} --split "
-                f"{place['split']} --problem-ids {place['problem']} --rounds {card.rounds} BACKEND FLAGS` "
+                f"{place['split']} --problem-ids {place['problem']} --max-rounds {card.rounds} BACKEND FLAGS` "
                 f"(the card's commands show the flags), or pass fallback=<live backend> to fill gaps")
+
+
+def recorded_settings(backends: Sequence[Any]) -> dict[str, Any]:
+    """The recorded game (``env_settings``) of the replay set the backends replay, also under wrappers; {} when none
+    does. Envs on a replay backend take these for every setting not given, so that they play the set's own game."""
+    replays = [r for r in map(replay_backend, backends) if r is not None]
+    return env_settings(replays[0].set.card) if replays else {}
 
 
 def replay_backend(backend: Any) -> ReplayBackend | None:

@@ -22,7 +22,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ RECORD_FIELDS = ("key", "split", "problem", "stream", "round", "agent", "kind", 
 LOOKUP_MEMO = 1 << 16
 """Completions ``ReplaySet.lookup`` remembers at most (then it starts over)."""
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+DERIVED_SPLITS = {"validation": "train", "fit": "train"}
+"""Splits carved from a recorded one (docs/benchmark.md): ``validation`` holds the recorded ``train`` problems whose
+``in_validation`` is true (about one in ``VALIDATION_SHARE``), ``fit`` the others. Fixed by the problem ids alone, so
+every set, run and machine carves them alike; a set that records a split of one of these names plays its own."""
+VALIDATION_SHARE = 4
 
 
 class ReplayError(ValueError):
@@ -170,6 +176,9 @@ class ReplayCard:
     commands: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     """Coverage, tree sizes, accuracy per level and size (written by the recorder)."""
+    index: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each recorded chunk's problems and how many records of each it holds (``records_per_problem``): the whole
+    tree the recorder walked. Binding checks the records against it; empty in sets recorded before it."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
@@ -235,6 +244,16 @@ def env_settings(card: ReplayCard) -> dict[str, Any]:
             "max_rounds": card.rounds, "confidence": card.confidence, "request_format": card.request_format, **settings}
 
 
+def departures(card: ReplayCard, config: DeliberationConfig) -> list[str]:
+    """Where ``config`` plays another game than the set's recording (settings a set can serve differently: fewer
+    rounds, another recorded confidence source), e.g. ``["confidence='critic' (recorded 'critic_text')"]``."""
+    recorded = env_settings(card)
+    played = {name: roles_setting(config.roles) if name == "roles" else getattr(config, name)
+              for name in recorded if hasattr(config, name)}
+    return [f"{name}={value!r} (recorded {recorded[name]!r})" for name, value in played.items()
+            if value != recorded[name]]
+
+
 def shipped() -> list[str]:
     """The names of the replay sets shipped in the package."""
     return sorted(p.name for p in SETS_DIR.iterdir() if (p / "card.json").is_file()) if SETS_DIR.is_dir() else []
@@ -281,6 +300,8 @@ class ReplaySet:
         self.records: dict[str, dict[str, Any]] = {}
         self._found: dict[tuple[Any, ...], Completion] = {}
         self._passed: set[tuple[Any, ...]] = set()
+        self._held: Counter[str] | None = None
+        """Records per problem, counted at the first check (``_check_index``)."""
         self.checks_run = 0
         """How many times ``check`` checked a split's solve requests against the records (it remembers each pass,
         by split, request settings, prompts and problem questions)."""
@@ -350,20 +371,47 @@ class ReplaySet:
                               f"{config.confidence!r}")
         if config.streams != card.streams:
             raise ReplayError(f"{where} holds {card.streams} stream(s) per problem; the env has streams={config.streams}")
-        if split not in card.splits:
+        recorded = split_problem_ids(card, split)
+        if recorded is None:
             raise ReplayError(split_mismatch(card, where, split))
-        by_id = {problem.id: problem for problem in task.problems(split)}
-        missing = next((problem_id for problem_id in card.splits[split] if problem_id not in by_id), None)
+        by_id = {problem.id: problem for problem in task.problems(task_split(card, split))}
+        missing = next((problem_id for problem_id in recorded if problem_id not in by_id), None)
         if missing is not None:
             raise ReplayError(f"{where} holds problem {missing!r}, which split {split!r} of the task does not "
                               f"have (task_kwargs {card.task_kwargs}); build the env with replay_env()")
-        problems = [by_id[problem_id] for problem_id in card.splits[split]]
+        problems = [by_id[problem_id] for problem_id in recorded]
         key = (split, fingerprint, tuple((p.id, p.question) for p in problems),
                *(getattr(config, name) for name in SETTING_FIELDS))
         if key not in self._passed:
+            self._check_index(problems)
             self._check_solve_requests(task, config, problems)
             self._passed.add(key)
         return problems
+
+    def _check_index(self, problems: Sequence[Problem]) -> None:
+        """Every chunk of the card's index is among its files, and each problem holds the records its chunk held
+        when recorded (a count per problem): a chunk removed with its card entry, or a record removed and the card
+        resealed, is refused here rather than missing mid-episode. Counted once per set."""
+        card, where = self.card, f"replay set {self.card.name!r} ({self.path})"
+        fix = "the set is damaged: download it again, or record those problems again into a new set"
+        for name, counts in card.index.items():
+            if name not in card.files:
+                listed = ", ".join(list(counts)[:3]) + (", ..." if len(counts) > 3 else "")
+                raise ReplayError(f"{where}: {name} is missing (card.json's index lists it with the records of "
+                                  f"{len(counts)} problems: {listed}, but its files table does not); {fix}")
+        if not card.index:
+            return  # recorded before the index: `python -m deliberation_env.record --check` walks its trees
+        if self._held is None:
+            self._held = Counter(record["problem"] for record in self.records.values())
+        expected = {problem: (name, count) for name, counts in card.index.items() for problem, count in counts.items()}
+        for problem in problems:
+            if problem.id not in expected:
+                raise ReplayError(f"{where}: problem {problem.id!r} is recorded (card.json's splits) but no chunk of "
+                                  f"its index holds it; {fix}")
+            name, count = expected[problem.id]
+            if self._held[problem.id] < count:
+                raise ReplayError(f"{where}: problem {problem.id!r} holds {self._held[problem.id]} records, {name} held "
+                                  f"{count} of it when recorded (a record was removed); {fix}")
 
     def _check_solve_requests(self, task: Task, config: DeliberationConfig, problems: Sequence[Problem]) -> None:
         """Each problem's first request (its solve prompt under ``config``) is in the set."""
@@ -385,11 +433,43 @@ def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
             f"`python -m deliberation_env.record --task {task} ...`")
 
 
+def in_validation(problem_id: str) -> bool:
+    """Whether a recorded ``train`` problem belongs to the derived ``validation`` split (a hash of its id)."""
+    return int(hashlib.sha256(problem_id.encode("utf-8")).hexdigest(), 16) % VALIDATION_SHARE == 0
+
+
+def split_problem_ids(card: ReplayCard, split: str) -> list[str] | None:
+    """The problem ids a set holds for ``split``: a recorded split's, a derived split's (``DERIVED_SPLITS``), or None
+    when it has neither."""
+    if split in card.splits:
+        return list(card.splits[split])
+    parent = DERIVED_SPLITS.get(split)
+    if parent is None or parent not in card.splits:
+        return None
+    return [pid for pid in card.splits[parent] if in_validation(pid) == (split == "validation")]
+
+
+def task_split(card: ReplayCard, split: str) -> str:
+    """The task's split whose problems ``split`` holds (a derived split's parent)."""
+    return split if split in card.splits else DERIVED_SPLITS.get(split, split)
+
+
 def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
     """The error of an env that asks a replay set for a split it did not record."""
-    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}: pass one of them as split=, or "
+    derived = sorted(name for name, parent in DERIVED_SPLITS.items() if parent in card.splits)
+    carved = f" (and {derived}, carved from them)" if derived else ""
+    return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}{carved}: pass one of them as "
+            "split=, or "
             f"record {split!r} into the set with `python -m deliberation_env.record --split {split} ...` (the card's "
             "commands show the other flags)")
+
+
+def records_per_problem(records: Iterable[Mapping[str, Any]], problems: Iterable[str] = ()) -> dict[str, int]:
+    """How many of ``records`` each problem has, ``problems`` first (0 for one whose requests are all another
+    problem's: the same question and seed); a chunk's entry in ``card.index``."""
+    counts = dict.fromkeys(problems, 0)
+    counts.update(Counter(record["problem"] for record in records))
+    return counts
 
 
 def chunk_files(path: Path) -> list[Path]:

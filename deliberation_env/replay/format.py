@@ -23,6 +23,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from deliberation_env.core.roles import Role, role_task
+
 CHUNK_SUFFIX = ".parquet"
 OLD_CHUNK_GLOB = "*.jsonl.gz"
 """Chunks of format ``deliberation-replay/1`` (JSON lines); read only by ``replay.migrate``."""
@@ -31,6 +33,7 @@ COMPRESSION = "zstd"
 
 _STRINGS = pa.list_(pa.string())
 _FLOATS = pa.list_(pa.float64())
+_MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 CHUNK_SCHEMA = pa.schema([
     ("key", pa.string()), ("split", pa.string()), ("problem", pa.string()), ("stream", pa.int64()),
     ("round", pa.int64()), ("agent", pa.int64()), ("kind", pa.string()), ("text", pa.string()),
@@ -42,9 +45,11 @@ PROBLEM_SCHEMA = pa.schema([
     ("id", pa.string()), ("split", pa.string()), ("position", pa.int64()), ("question", pa.string()),
     ("answer", pa.string()), ("level", pa.int64()), ("subject", pa.string()), ("difficulty", pa.float64()),
     ("metadata", pa.string()),
-    ("solve_messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("solve_messages", _MESSAGES),
+    ("solve_messages_by_role", pa.list_(pa.struct([("name", pa.string()), ("messages", _MESSAGES)]))),
 ])
-"""One row per recorded problem: what the records' ``problem`` ids point to (gold answer, level, prompt)."""
+"""One row per recorded problem: what the records' ``problem`` ids point to (gold answer, level, solve prompts:
+the task's own, and each role's of a team with roles)."""
 _ENCODED = ("tokens", "token_logprobs", "top_tokens", "top_logprobs", "escaped")
 _PLAIN = tuple(name for name in CHUNK_SCHEMA.names if name not in _ENCODED)
 _ESCAPABLE = ("text", "finish_reason", "tokens", "top_tokens")
@@ -129,9 +134,11 @@ def read_chunk(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def problem_rows(task: Any, split: str, ids: Sequence[str]) -> list[dict[str, Any]]:
-    """The rows of ``problems/<split>.parquet`` for the recorded ``ids`` of ``split``, in recording order."""
+def problem_rows(task: Any, split: str, ids: Sequence[str], roles: Sequence[Role] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``problems/<split>.parquet`` for the recorded ``ids`` of ``split``, in recording order; with the
+    team's ``roles``, each role's solve prompt too (in order of first appearance), as its agents see it."""
     positions = {p.id: (i, p) for i, p in enumerate(task.problems(split))}
+    views = {role.name: role_task(task, role) for role in roles or ()}
     rows = []
     for problem_id in ids:
         position, problem = positions[problem_id]
@@ -141,8 +148,14 @@ def problem_rows(task: Any, split: str, ids: Sequence[str]) -> list[dict[str, An
                      "answer": problem.answer, "level": int(level) if isinstance(level, int) else None,
                      "subject": None if subject is None else str(subject), "difficulty": problem.difficulty,
                      "metadata": json.dumps(meta, sort_keys=True, default=str),
-                     "solve_messages": [{"role": m.role, "content": m.content} for m in task.solve_messages(problem)]})
+                     "solve_messages": _plain(task.solve_messages(problem)),
+                     "solve_messages_by_role": [{"name": name, "messages": _plain(view.solve_messages(problem))}
+                                                for name, view in views.items()] or None})
     return rows
+
+
+def _plain(messages: Sequence[Any]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 def write_problems(path: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

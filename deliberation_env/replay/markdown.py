@@ -20,6 +20,27 @@ def hub_configs(card: ReplayCard) -> list[str]:
     return [*lines, "---", ""]
 
 
+def accuracy_table(stats: dict) -> list[str]:
+    """The README's round-0 accuracy: of each agent's answer as the env grades it (a program-aided agent's: its
+    program's output), per level, and per role for a team with roles; the solve texts' for a card without it."""
+    if "round0_accuracy" not in stats:
+        return ["Round-0 accuracy of single solutions, per level:", "", "| level | solves | accuracy |", "|---|---|---|",
+                *[f"| {level} | {row['solves']} | {row['accuracy']:.3f} |"
+                  for level, row in stats.get("solve_accuracy_by_level", {}).items()]]
+    team = stats["round0_accuracy"]["team"]
+    tallies = [team, *stats["round0_accuracy"].get("roles", {}).values()]
+    names = ["team", *(f"role `{name}`" for name in stats["round0_accuracy"].get("roles", {}))]
+
+    def row(label: str, cells: list[dict]) -> str:
+        return f"| {label} | " + " | ".join(f"{cell['accuracy']:.3f} ({cell['answers']})" for cell in cells) + " |"
+
+    return ["Round-0 accuracy of the agents' answers as the env grades them (a program-aided agent's answer is its "
+            "program's output where it printed one), and the number of answers (problems x streams x agents):", "",
+            f"| level | {' | '.join(names)} |", "|---" * (1 + len(names)) + "|",
+            *[row(level, [tally["by_level"][level] for tally in tallies]) for level in team["by_level"]],
+            row("all", tallies)]
+
+
 def card_markdown(card: ReplayCard) -> str:
     stats = card.stats
     weights = card.weights
@@ -54,13 +75,8 @@ def card_markdown(card: ReplayCard) -> str:
         f"| recording time | {stats.get('recording_seconds', 0) / 3600:.2f} h |",
         f"| request format | {card.request_format} ({card.format}) |",
         "",
-        "Round-0 accuracy of single solutions, per level:",
-        "",
-        "| level | solves | accuracy |",
-        "|---|---|---|",
+        *accuracy_table(stats),
     ]
-    for level, row in stats.get("solve_accuracy_by_level", {}).items():
-        lines.append(f"| {level} | {row['solves']} | {row['accuracy']:.3f} |")
     foreign = {name: entry["model"] for name, entry in card.files.items() if entry.get("model", card.model) != card.model}
     if card.notes or foreign:
         lines += ["", "## Known limits", "", *[f"- {note}" for note in card.notes],

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from deliberation_env.cli import ArgumentParser, UserError, report_user_errors, user_input
-from deliberation_env.replay.dataset import FORMAT, OLD_FORMATS, ReplayCard, write_card
+from deliberation_env.replay.dataset import FORMAT, OLD_FORMATS, ReplayCard, records_per_problem, write_card
 from deliberation_env.replay.format import (
     OLD_CHUNK_GLOB,
     entry_of,
@@ -42,6 +43,17 @@ def read_old_chunk(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in stream if line.strip()]
 
 
+def chunk_problems(name: str, task: Any, card: ReplayCard) -> list[str]:
+    """The recorded problems a chunk named by the recorder (``chunks/<split>-<first>-<last>.parquet``, positions in the
+    task's split) was written for; none for another name."""
+    found = re.fullmatch(r"chunks/(.+)-(\d+)-(\d+)\.parquet", name)
+    if found is None or found[1] not in card.splits:
+        return []
+    split, first, last = found[1], int(found[2]), int(found[3])
+    recorded = set(card.splits[split])
+    return [p.id for i, p in enumerate(task.problems(split)) if first <= i <= last and p.id in recorded]
+
+
 def migrate(folder: Path, weights: Path | None = None, source: str | None = None,
             license: str | None = None) -> ReplayCard:
     """Convert the set in ``folder`` in place (see the module docstring); its new card."""
@@ -59,19 +71,21 @@ def migrate(folder: Path, weights: Path | None = None, source: str | None = None
         if found != expected:
             raise UserError(f"{folder}'s chunks hold {found} records, its card counts {expected}: the set is damaged "
                             "(a chunk missing or cut); restore it from git or record it again before converting")
+    task = TASKS.make(card.task, **card.task_kwargs)
     for path, records in converted.items():
         target = path.with_name(path.name.removesuffix(".jsonl.gz") + ".parquet")
         write_chunk(target, records)
+        name = target.relative_to(folder).as_posix()
+        card.index[name] = records_per_problem(records, chunk_problems(name, task, card))
         if read_chunk(target) != records:  # pragma: no cover - the encoding's round trip is tested
             raise RuntimeError(f"{target} does not read back as {path}; nothing removed")
         path.unlink()
     card.files = {}
     for path in sorted((folder / "chunks").glob("*.parquet")):
         card.files[path.relative_to(folder).as_posix()] = entry_of(path)
-    task = TASKS.make(card.task, **card.task_kwargs)
     for split, ids in card.splits.items():
         card.files[f"problems/{split}.parquet"] = write_problems(folder / "problems" / f"{split}.parquet",
-                                                                 problem_rows(task, split, ids))
+                                                                 problem_rows(task, split, ids, card.config().roles))
     first = next(iter(card.splits.items()), None)
     if first is not None:
         problem = next(p for p in task.problems(first[0]) if p.id == first[1][0])

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from numbers import Integral
 
-from deliberation_env.tasks.base import VERDICT_CRITIC, BaseTask, Problem, Prompts
+from deliberation_env.tasks.base import VERDICT_CRITIC, BaseTask, Problem, Prompts, unknown_split
 from deliberation_env.tasks.numeric import extract_number, numbers_equal
 
 NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Iris", "Jonas")
@@ -205,7 +205,7 @@ class ArithmeticTask(BaseTask):
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in SPLITS:
-            raise ValueError(f"arithmetic has splits {sorted(SPLITS)}, got {split!r}")
+            raise unknown_split("arithmetic", list(SPLITS), split)
         if split not in self._splits:
             seed, count = SPLITS[split]
             self._splits[split] = list(_generate_split(split, seed, self.num_problems or count, self.levels,

@@ -101,6 +101,13 @@ class Task(Protocol):
     def render_solution(self, problem: Problem, answer: str | None, rng: random.Random) -> str: ...
 
 
+
+def unknown_split(name: str, splits: Sequence[str], split: str) -> ValueError:
+    """The error of a task asked for a split it lacks; for ``"train"`` (the envs' default), how to evaluate instead."""
+    hint = (f" (the envs' default split): {name} has no training split; evaluate on it with split='test'"
+            if split == "train" and "test" in splits else "")
+    return ValueError(f"{name} has splits {sorted(splits)}, got {split!r}{hint}")
+
 def styled(task: Task, style: str) -> Task:
     """A view of ``task`` that solves and refines with its prompt style ``style`` (``BaseTask.prompt_styles``; a
     role's ``prompt``): the same problems, answers, grading and critic prompt. ValueError names the styles."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file
+from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file, unknown_split
 from deliberation_env.tasks.extract import DataFormatError, FieldSpec, check_fields, convert_rows, is_text, load_jsonl
 from deliberation_env.tasks.hub import hub_rows
 from deliberation_env.tasks.numeric import extract_number, numbers_equal, numeric_distractors
@@ -74,7 +74,7 @@ class DatasetTask(BaseTask):
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of ``split`` in file order (loaded once, then cached)."""
         if split not in self.sources:
-            raise ValueError(f"{self.name} has splits {sorted(self.sources)}, got {split!r}")
+            raise unknown_split(self.name, list(self.sources), split)
         if split not in self._problems:
             rows, where, unit = self.load_rows(split)
             problems = convert_rows(rows, lambda row, index: self.make_problem(row, index, split), where, unit)

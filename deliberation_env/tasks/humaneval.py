@@ -39,7 +39,7 @@ from deliberation_env.sandbox import (
     isolation_works,
     run_many,
 )
-from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file
+from deliberation_env.tasks.base import BaseTask, Problem, Prompts, resolve_data_file, unknown_split
 from deliberation_env.tasks.extract import DataFormatError, is_text, parse_json_line, read_lines
 from deliberation_env.tasks.hub import hub_rows
 
@@ -325,7 +325,7 @@ class HumanEvalTask(BaseTask):
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in SPLITS:
-            raise ValueError(f"humaneval has splits {list(SPLITS)}, got {split!r}")
+            raise unknown_split("humaneval", SPLITS, split)
         if self._problems is None:
             path = resolve_data_file(self.data_dir, RELATIVE_PATH, HUB_ID)
             rows = load_rows(path) if path is not None else _hub_rows()

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from deliberation_env.tasks.arithmetic import ITEMS, NAMES
-from deliberation_env.tasks.base import VERDICT_CRITIC, BaseTask, Problem, Prompts
+from deliberation_env.tasks.base import VERDICT_CRITIC, BaseTask, Problem, Prompts, unknown_split
 from deliberation_env.tasks.numeric import extract_number, numbers_equal
 
 LEVELS = (0, 1, 2)
@@ -161,7 +161,7 @@ class JigsawTask(BaseTask):
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in SPLITS:
-            raise ValueError(f"jigsaw has splits {sorted(SPLITS)}, got {split!r}")
+            raise unknown_split("jigsaw", list(SPLITS), split)
         problems = _generate_split(split, self.levels, self.parts)
         return problems[:self.num_problems] if self.num_problems else problems
 

@@ -22,7 +22,7 @@ import deliberation_env
 
 
 def team_return(options: dict, act, seeds=range(1000, 1300)) -> float:
-    env = deliberation_env.parallel_env(**options)
+    env = deliberation_env.parallel_env(**options, split="test")  # trained on the default split, "train"
     returns = []
     for seed in seeds:
         observations, _ = env.reset(seed=seed)

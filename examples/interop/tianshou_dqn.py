@@ -25,9 +25,9 @@ import deliberation_env
 AGENTS = 3
 
 
-def get_env() -> PettingZooEnv:
+def get_env(split: str = "train") -> PettingZooEnv:
     # AEC form: {"observation", "action_mask"} observations; numeric infos (Tianshou rejects None values)
-    return PettingZooEnv(deliberation_env.env(num_agents=AGENTS, infos="numeric"))
+    return PettingZooEnv(deliberation_env.env(num_agents=AGENTS, infos="numeric", split=split))
 
 
 def dqn(env: PettingZooEnv) -> DQN:
@@ -40,7 +40,7 @@ def dqn(env: PettingZooEnv) -> DQN:
 
 
 def team_return(algorithm, episodes: int = 300) -> float:
-    envs = DummyVectorEnv([get_env for _ in range(4)])
+    envs = DummyVectorEnv([lambda: get_env("test") for _ in range(4)])
     envs.seed(1000)
     collector = Collector[CollectStats](algorithm, envs)
     collector.reset()
