@@ -148,8 +148,8 @@ def test_the_tree_task_is_a_batched_env_that_benchmarl_trains_on(benchmarl_modul
 
     peers = benchmarl_modules
     monkeypatch.setenv("DELIBERATION_ENV_CACHE", str(tmp_path / "cache"))
-    # persist: TorchRL's check_env_specs and rollout() play random actions without the mask (BenchMARL masks them)
-    task = peers.TreeTask.of(DATASET, split="test", features="v2", problems=list(PROBLEMS), invalid_action="persist")
+    # persist (the default): TorchRL's check_env_specs and rollout() play random actions without the mask
+    task = peers.TreeTask.of(DATASET, split="test", features="v2", problems=list(PROBLEMS))
     env = task.get_env_fun(8, False, 0, "cpu")()
     check_env_specs(env)
     assert env.batch_size == (8,)

@@ -104,13 +104,13 @@ class ReplayTask(PettingZooClass):
 
 class TreeTask(ReplayTask):
     """``ReplayTask``'s game played from the compiled tree (``deliberation_env.engine``), ``num_envs`` episodes per
-    step in one ``TorchTreeEnv``; ``config`` as ``ReplayTask``'s, plus ``invalid_action`` ("raise" or "persist")."""
+    step in one ``TorchTreeEnv``; ``config`` as ``ReplayTask``'s, plus ``invalid_action`` ("persist" or "raise")."""
 
     def get_env_fun(self, num_envs: int, continuous_actions: bool, seed: int | None,
                     device: Any) -> Callable[[], EnvBase]:
         options = dict(self.config)
         dataset, split = options.pop("dataset"), options.pop("split")
-        invalid_action = options.pop("invalid_action", "raise")
+        invalid_action = options.pop("invalid_action", "persist")  # the env's and TreeEnv's default
         tree = compile_tree(dataset, split, **options)
         seeds = itertools.count(0 if seed is None else seed)
         return lambda: TorchTreeEnv(tree, num_envs, seed=next(seeds), device=device, invalid_action=invalid_action)
@@ -143,11 +143,12 @@ class TorchTreeEnv(EnvBase):
     marks (the ended ones), drawing their problems from this env's generator."""
 
     def __init__(self, tree: CompiledTree, num_envs: int, *, seed: int = 0, device: Any = "cpu",
-                 invalid_action: str = "raise"):
+                 invalid_action: str = "persist"):
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.episodes = TreeEnv(tree, num_envs, format=MASKED, invalid_action=invalid_action)
         agents, actions = tree.num_agents, tree.num_actions
-        width = self.episodes.observation_space[MASKED.observation_key].shape[0]
+        space: Any = self.episodes.observation_space  # a gymnasium Dict in the masked form
+        width = space[MASKED.observation_key].shape[0]
         self.group_map = {GROUP: list(self.episodes.possible_agents)}
         rows, team = (num_envs, agents), (num_envs,)
 
@@ -164,11 +165,10 @@ class TorchTreeEnv(EnvBase):
         self._set_seed(seed)
 
     def _reset(self, tensordict: TensorDict | None = None, **kwargs: Any) -> TensorDict:
-        if tensordict is not None and "_reset" in tensordict:
-            self.episodes.ended |= tensordict.get("_reset").reshape(-1).cpu().numpy()
+        if tensordict is not None and "_reset" in tensordict:  # the rows TorchRL restarts: ended ones
+            observations, _ = self.episodes.reset_done(which=tensordict.get("_reset").reshape(-1).cpu().numpy())
         else:
-            self.episodes.ended[:] = True
-        observations, _ = self.episodes.reset_done()
+            observations, _ = self.episodes.reset()
         out = self._observations(observations)
         out.update({key: torch.zeros(*self.batch_size, 1, dtype=torch.bool) for key in ("done", "terminated", "truncated")})
         return out
