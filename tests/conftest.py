@@ -121,7 +121,10 @@ def llama_url(llama_process):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("DELIBERATION_ENV_NO_SKIP") == "1":
+    # BenchMARL cannot share the dev virtualenv (it needs torchrl<0.12, the dev extra >=0.14): its tests run in a
+    # virtualenv of their own (docs/peers.md), and their skip for lack of it is no gap in the dev run.
+    own_venv = item.get_closest_marker("benchmarl") is not None and importlib.util.find_spec("benchmarl") is None
+    if report.skipped and os.environ.get("DELIBERATION_ENV_NO_SKIP") == "1" and not own_venv:
         report.outcome = "failed"
         report.longrepr = f"skipped, but DELIBERATION_ENV_NO_SKIP=1 forbids skips: {report.longrepr}"
 
