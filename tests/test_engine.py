@@ -96,7 +96,7 @@ def test_every_two_round_sequence_of_a_recorded_sim_set_plays_alike(two_round_se
     # seeds 0..3 reach both streams (the stream is the episode seed modulo 2)
     streams = {int(np.random.default_rng(seed).integers(0, 2**62)) % 2 for seed in range(4)}
     assert streams == {0, 1}
-    assert compare_every_sequence(tree, env, range(3), range(4), rounds=2) == 3 * 4 * 27 ** 2
+    assert compare_every_sequence(tree, env, range(2), range(4), rounds=2) == 2 * 4 * 27 ** 2
     if game.get("early_stop"):  # all PERSIST on a unanimous team ends the episode after round 1
         assert tree.done[:, 0].any() and not tree.done[:, 1:].all()
 
