@@ -18,16 +18,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
 import tempfile
 import time
-from importlib import metadata
 
 import numpy as np
 from _results import command_line
 
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.actions import Action
+from deliberation_env.replay.provenance import library_versions
 
 ALGORITHMS = ("mappo", "ippo", "qmix", "vdn", "iql")
 """BenchMARL's discrete-action algorithms run here (its ``<Name>Config`` classes)."""
@@ -91,13 +90,7 @@ def save_run(out: str, algorithm: str, seed: int, run: dict, problem_ids: list[s
 
 
 def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for name in LIBRARIES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+    return library_versions(LIBRARIES)
 
 
 def reference_rows(tree) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ LIBRARIES = ("deliberation-env", "torch", "transformers", "llama-cpp-python", "v
 """Distributions whose versions a card records, where installed."""
 
 
-def library_versions() -> dict[str, str]:
-    """Python's and the installed ``LIBRARIES``' versions (read from package metadata, nothing imported)."""
+def library_versions(names: Sequence[str] = LIBRARIES) -> dict[str, str]:
+    """Python's and the installed distributions' versions of ``names`` (default ``LIBRARIES``; read from package
+    metadata, nothing imported)."""
     versions = {"python": platform.python_version()}
-    for name in LIBRARIES:
+    for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
