@@ -42,7 +42,7 @@ import numpy as np
 
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.engine import compile_tree, expected_scores
+from deliberation_env.engine import compile_tree, expected_scores, greedy_probabilities
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplaySet, load_card, shipped
@@ -80,8 +80,14 @@ class Cell:
         return replay_env(loaded(self.dataset), split, **self.options, **options)
 
     def tree(self, split: str) -> Any:
-        """The cell's compiled tree on ``split`` (cached on disk; ``deliberation_env.engine``)."""
-        return compile_tree(loaded(self.dataset), split, **self.options)
+        """The cell's compiled tree on ``split`` (cached on disk, checked when first loaded, then kept for the
+        process: ``deliberation_env.engine``)."""
+        return _tree(self, split)
+
+
+@functools.lru_cache(maxsize=16)
+def _tree(cell: Cell, split: str) -> Any:
+    return compile_tree(loaded(cell.dataset), split, **cell.options)
 
 
 @functools.lru_cache(maxsize=4)
@@ -152,11 +158,12 @@ def policy_scores(policy: Any, cell: str | Cell, split: str = "test", *, greedy:
     if _is_actor(policy):
         return _played(policy, cell, split, label)
     tree = cell.tree(split)
-    probabilities = policy if not _is_baselines_policy(policy) else _policy_probabilities(policy, cell, greedy)
-    if greedy and not _is_baselines_policy(policy):
-        from deliberation_env.engine import greedy_probabilities
-
+    if _is_baselines_policy(policy):
+        probabilities = _policy_probabilities(policy, cell, greedy)
+    elif greedy:
         probabilities = _composed(greedy_probabilities, policy)
+    else:
+        probabilities = policy
     exact = expected_scores(tree, probabilities)
     return Scores(label, cell.name, split, list(tree.problem_ids), exact["accuracy"], exact["tokens"])
 
