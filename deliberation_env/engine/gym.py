@@ -42,25 +42,23 @@ class TreeVectorEnv(VectorEnv):
         self.single_action_space = gymnasium.spaces.Discrete(tree.num_actions)
         self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, self.num_envs)
-        self._restart = np.zeros(num_episodes, bool)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         observations, info = self.engine.reset(seed=seed)
-        self._restart[:] = False
         return self._flat(observations), self._info(observations, info)
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         engine, n = self.engine, self.num_agents
         actions = np.asarray(actions, dtype=np.int64).reshape(engine.num_envs, n)
         rewards = np.zeros((engine.num_envs, n), np.float32)
+        restart = engine.ended.copy()  # the episodes that ended last step: they start again, their actions ignored
         ended = np.zeros(engine.num_envs, bool)
-        if not engine.ended.all():  # the episodes still running play their round (the ended ones are skipped)
-            _, stepped, done, _, _ = engine.step(np.where(engine.ended[:, None], 0, actions))
-            rewards = np.where(self._restart[:, None], 0.0, stepped).astype(np.float32)
-            ended = done & ~self._restart
-        if self._restart.any():  # the episodes that ended last step start again; their actions were ignored
-            engine.reset_done(which=self._restart)
-        self._restart = ended
+        if not restart.all():  # the episodes still running play their round (the ended ones are skipped)
+            _, stepped, done, _, _ = engine.step(np.where(restart[:, None], 0, actions))
+            rewards = np.where(restart[:, None], 0.0, stepped).astype(np.float32)
+            ended = done & ~restart
+        if restart.any():
+            engine.reset_done(which=restart)
         observations, info = engine.observe(engine.node), engine.node_info(engine.node)
         terminations = np.repeat(ended, n)
         return (self._flat(observations), rewards.reshape(-1), terminations, np.zeros_like(terminations),
