@@ -116,6 +116,14 @@ def read(folder: str) -> dict:
     return found
 
 
+def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
+    """What validation chooses in a cell's folder (``read``): the best protocol, and the trainers in headline order
+    (mean validation accuracy over their final seeds, best first)."""
+    validation = found["protocols"]["validation"]
+    best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
+    return best, sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+
+
 def report(args) -> str:
     cells = [(parse_cell(name), read(os.path.join(args.out, name.replace(":", "-")))) for name in args.cells]
     cells = [(cell, found) for cell, found in cells if found["trainers"]]
@@ -128,14 +136,13 @@ def report(args) -> str:
              "below (simultaneous 95%); pairs of trainers use the level corrected for their own family.", ""]
     for cell, found in cells:
         validation, test = found["protocols"]["validation"], found["protocols"]["test"]
-        best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
+        best, rows = choices(found)
         reference = test[best].accuracy
         lines += [f"## {cell.name}", "", f"Best protocol on validation: **{best}** ({validation[best].accuracy.mean():.3f} "
                   f"validation, {reference.mean():.3f} test). Protocols on test: " + ", ".join(
                       f"{n} {s.accuracy.mean():.3f}" for n, s in sorted(test.items())) + ".", "",
                   "| trainer | lr (chosen on validation) | seeds | validation accuracy | test accuracy | IQM | vs best "
                   f"protocol, points [{100 * level:.2f}%] | tokens | per seed |", "|---|---|---|---|---|---|---|---|---|"]
-        rows = sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
         lines[-2:-2] = [f"The row to headline, chosen on validation (the best trainer's mean validation accuracy over "
                         f"its seeds): **{rows[0][0]}**. Rows are in that order.", ""]
         for algo, trainer in rows:
