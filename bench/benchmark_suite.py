@@ -57,14 +57,15 @@ def tag(config: dict[str, float]) -> str:
 
 
 def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, splits: tuple[str, ...],
-                    folder: str, stem: str) -> dict[str, Scores]:
-    """One training run on ``fit``, scored on ``splits``; its scores saved as ``<folder>/<stem>-<split>.csv``."""
+                    folder: str, stem: str, runs: str = os.path.join("runs", "benchmark_suite")) -> dict[str, Scores]:
+    """One training run on ``fit``, scored on ``splits``; its scores saved as ``<folder>/<stem>-<split>.csv``, the
+    run itself (policy.pt) under ``<runs>/<cell>/<algo>/<stem>``."""
     paths = {split: os.path.join(folder, f"{stem}-{split}.csv") for split in splits}
     if all(os.path.isfile(path) for path in paths.values()):
         return {split: Scores.load(path) for split, path in paths.items()}
     cfg = config_class("ppo" if algo == "mappo" else algo)(
         replay=cell.dataset, env_options=cell.options, train_split="fit", episodes=episodes, seed=seed,
-        out=os.path.join("runs", "benchmark_suite", cell.name.replace(":", "-"), algo, stem), progress=False,
+        out=os.path.join(runs, cell.name.replace(":", "-"), algo, stem), progress=False,
         tensorboard=False, **TRAINERS[algo], **config)
     backend = ReplayBackend(loaded(cell.dataset))
     policy = run("ppo" if algo == "mappo" else algo, cfg, make_env_fn(cfg, "fit", backend))
