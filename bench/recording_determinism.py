@@ -27,7 +27,7 @@ import time
 
 from _results import RESULTS, command_line
 
-from deliberation_env.backends.openai import OpenAIBackend
+from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.make import parallel_env
 from deliberation_env.replay import ReplayBackend, ReplaySet
 
@@ -71,8 +71,8 @@ class Server:
             raise SystemExit(f"llama-server did not start: {served or self.process.stderr.read()}")
         self.name = served.split()[1]
 
-    def backend(self) -> OpenAIBackend:
-        return OpenAIBackend(f"http://127.0.0.1:{self.port}/v1", self.name, timeout=1200)
+    def backend(self) -> OpenAICompatibleBackend:
+        return OpenAICompatibleBackend(f"http://127.0.0.1:{self.port}/v1", self.name, timeout=1200)
 
     def __enter__(self) -> Server:
         return self
@@ -82,7 +82,7 @@ class Server:
         self.process.wait()
 
 
-def answer(backend: OpenAIBackend, requests: list, one_by_one: bool) -> tuple[list[str], float]:
+def answer(backend: OpenAICompatibleBackend, requests: list, one_by_one: bool) -> tuple[list[str], float]:
     began = time.perf_counter()
     batches = [[request] for request in requests] if one_by_one else [requests]
     completions = [c for batch in batches for c in backend.generate(batch)]
@@ -122,7 +122,9 @@ def main(argv=None) -> None:
     lines = [f"# Does the recording engine reproduce a completion? ({dataset.card.name})", "", f"`{command_line()}`",
              "", f"The round-0 requests of recorded test problems 0-{args.problems - 1} ({len(requests)}: "
              + ", ".join(f"{sum(str(r.kind) == k for r in requests)} {k}" for k in kinds)
-             + f"), answered again through {model}. Cells: completions whose text equals the column's, of all.", "",
+             + f"), answered again through {model} on {os.environ.get('THREADS', os.cpu_count())} thread(s) a server "
+             f"(the set was recorded on {dataset.card.sampling.get('server', 'its server')}). Cells: completions whose "
+             "text equals the column's, of all.", "",
              "| way | seconds | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for way in names:
         cells = []
