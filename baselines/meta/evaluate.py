@@ -52,7 +52,7 @@ from deliberation_env.cli import (
     user_input,
 )
 from deliberation_env.core.config import DeliberationConfig
-from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.protocols import PROTOCOLS, make_protocol, plays_team, protocol_agents
 from deliberation_env.replay import ReplayBackend, departures
 from deliberation_env.replay.backend import replay_backend
 
@@ -104,8 +104,7 @@ def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_
         agents = policy.layout.num_peers + 1
         entries.append((name, functools.partial(PolicyActor, policy, deterministic, threads), env_for(name, agents)))
     for proto in protocols:
-        entries.append((proto, functools.partial(make_protocol, proto),
-                        env_for(proto, 1 if proto == "single" else None)))
+        entries.append((proto, functools.partial(make_protocol, proto), env_for(proto, protocol_agents(proto))))
     return entries
 
 
@@ -197,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         check_problem_count(env, args.problems)
         header = replay_header(env)
         if header and args.protocols == ["all"]:  # a set is recorded with its agents: single would play one
-            protocols = [p for p in protocols if p != "single"]
+            protocols = [p for p in protocols if plays_team(p, env.config.num_agents)]
         for path in checkpoints.values():  # a missing or foreign checkpoint fails before anything is written
             load_checkpoint(path)
         os.makedirs(args.out, exist_ok=True)

@@ -100,7 +100,7 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
     from baselines.evaluation import evaluate
     from baselines.meta.evaluate import standard_entries
-    from deliberation_env.protocols import PROTOCOLS
+    from deliberation_env.protocols import PROTOCOLS, plays_team
 
     checkpoints = {}
     if os.path.exists(os.path.join(out, "sft", "policy.pt")):
@@ -108,9 +108,10 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     checkpoints[algo] = os.path.join(out, "policy.pt")
     backend = backend if backend is not None else build_backend(cfg)
     kwargs = {**env_kwargs(cfg, "test", backend), "backend": backend}
-    # A replay set is recorded with its agents: a one-agent env would ask for other requests (single is the first
-    # agent's round-0 answer there; bench/replay_benchmark.py reports it from the tree).
-    protocols = [p for p in PROTOCOLS if not (cfg.replay and p == "single")]
+    # A replay set is recorded with its agents: a protocol that declares another team (single: one agent) would ask
+    # for other requests (single is the first agent's round-0 answer there; bench/replay_benchmark.py reports it
+    # from the tree).
+    protocols = [p for p in PROTOCOLS if not cfg.replay or plays_team(p, kwargs["num_agents"])]
     trace = evaluate.open_trace(options.trace)
     try:
         entries = standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
