@@ -107,18 +107,20 @@ class ProtocolSpec:
     """A fixed protocol's declaration: how it is made and the team it plays with."""
 
     make: Callable[..., FixedProtocol]
-    """The factory (``make_protocol``'s keywords go to those that take any: ``threshold``, ``random``)."""
+    """The factory; it takes the keywords of ``options``."""
+    options: tuple[str, ...] = ()
+    """The keywords it takes (``threshold``: its threshold; ``random``: its seed)."""
     num_agents: int | None = None
     """The team size it plays with (``single``: one agent), or None: any team."""
 
 
 SPECS: dict[str, ProtocolSpec] = {
-    "single": ProtocolSpec(lambda **_: Constant(Action.PERSIST, "single"), num_agents=1),
-    "self_consistency": ProtocolSpec(lambda **_: Constant(Action.PERSIST, "self_consistency")),
-    "debate": ProtocolSpec(lambda **_: Constant(Action.REFINE, "debate")),
-    "threshold": ProtocolSpec(lambda **kwargs: Threshold(**kwargs)),
-    "random": ProtocolSpec(lambda **kwargs: RandomLegal(**kwargs)),
-    "oracle": ProtocolSpec(lambda **_: Oracle()),
+    "single": ProtocolSpec(lambda: Constant(Action.PERSIST, "single"), num_agents=1),
+    "self_consistency": ProtocolSpec(lambda: Constant(Action.PERSIST, "self_consistency")),
+    "debate": ProtocolSpec(lambda: Constant(Action.REFINE, "debate")),
+    "threshold": ProtocolSpec(Threshold, options=("threshold",)),
+    "random": ProtocolSpec(RandomLegal, options=("seed",)),
+    "oracle": ProtocolSpec(Oracle),
 }
 """The fixed protocols by name (the module docstring's table): the one place that says what each needs."""
 PROTOCOLS = tuple(SPECS)
@@ -131,8 +133,14 @@ def _spec(name: str) -> ProtocolSpec:
 
 
 def make_protocol(name: str, **kwargs: Any) -> FixedProtocol:
-    """A fixed protocol by name (see the table in the module docstring)."""
-    return _spec(name).make(**kwargs)
+    """A fixed protocol by name (see the table in the module docstring), given those of ``kwargs`` it takes (its
+    ``ProtocolSpec.options``: e.g. ``seed`` reaches only ``random``)."""
+    spec = _spec(name)
+    unknown = set(kwargs) - {option for known in SPECS.values() for option in known.options}
+    if unknown:
+        raise TypeError(f"no protocol takes {sorted(unknown)}; their options: "
+                        f"{ {known: s.options for known, s in SPECS.items() if s.options} }")
+    return spec.make(**{key: value for key, value in kwargs.items() if key in spec.options})
 
 
 def protocol_agents(name: str, team: int | None = None) -> int | None:
