@@ -43,8 +43,7 @@ def demo_protocol(policy: str, threshold: float) -> FixedProtocol:
     return make_protocol(name, threshold=threshold)
 
 
-@report_user_errors(PROG)
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="arithmetic", help="task name (default: arithmetic)")
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (else $DELIBERATION_ENV_DATA)")
@@ -61,7 +60,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="append one JSON line per episode (deliberation_env.analysis.traces), labelled with "
                              "the policy")
     add_backend_arguments(parser.add_argument_group("LLM backend"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+@report_user_errors(PROG)
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     with user_input():
         env = deliberation_env.parallel_env(task=args.task, backend=backend_settings(args).build(),
