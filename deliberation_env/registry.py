@@ -64,6 +64,11 @@ class Registry:
         self._entries[name] = factory
         self._specs[name] = self.default_spec if spec is None else spec
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` and its declaration (RegistryError if it is not registered)."""
+        self._check(name)
+        del self._entries[name], self._specs[name]
+
     def spec(self, name: str) -> Any:
         """The declaration registered with ``name`` (``BackendSpec`` for a backend)."""
         self._check(name)

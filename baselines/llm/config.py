@@ -129,6 +129,12 @@ class LLMTrainConfig(TrainConfig):
     eval_seeds: int = 1
     """Evaluation seeds."""
 
+    def completion_tokens(self) -> int:
+        """``max_tokens``, which the LLM trainers need as a number (the length their losses normalise by)."""
+        if self.max_tokens is None:
+            raise ValueError("max_tokens must be an integer >= 1 for the LLM trainers (their completions' length)")
+        return self.max_tokens
+
     def agents_trained(self) -> list[int]:
         """The indices of ``train_agents``; ValueError naming the team's range."""
         if self.train_agents.strip() == "all":
@@ -168,8 +174,7 @@ class LLMTrainConfig(TrainConfig):
         if self.algo == "softrankpo" and self.advantage != "mean":
             raise ValueError(f"--advantage {self.advantage} does not apply to --algo softrankpo (rank quantiles have no "
                              "baseline): use it with magrpo or grpo, or leave --advantage mean")
-        if self.max_tokens is None:
-            raise ValueError("max_tokens must be an integer >= 1 for the LLM trainers (their completions' length)")
+        self.completion_tokens()
         for name in ("max_tokens", "problems_per_update", "epochs", "micro_batch", "eval_problems", "eval_seeds",
                      "generate_batch", "lora_rank", "max_tree_nodes"):
             if getattr(self, name) < 1:

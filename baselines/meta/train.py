@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baselines.meta.config import build_backend, env_kwargs, make_env_fn
+from baselines.meta.config import BaseConfig, build_backend, env_kwargs, make_env_fn
 from baselines.meta.policy import Policy, load_checkpoint
 from deliberation_env.cli import (
     BACKEND_FLAGS,
@@ -77,7 +77,7 @@ def config_class(algo: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def run(algo: str, cfg: Any, env_fn: Callable[[], Any] | None = None) -> Policy:
+def run(algo: str, cfg: BaseConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     """Train ``algo`` with ``cfg`` (validated) on ``env_fn`` (default: the deliberation env of cfg)."""
     config_class(algo)
     cfg.validate()
@@ -94,7 +94,7 @@ def build_parser(algo: str) -> ArgumentParser:
     return parser
 
 
-def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: Any = None) -> str:
+def evaluate_run(algo: str, cfg: BaseConfig, out: str, options: EvalOptions, backend: Any = None) -> str:
     """Evaluate ``<out>/policy.pt`` (and ``<out>/sft/policy.pt``) and the fixed protocols on the test split with
     the training env's settings (agents, rounds, token cost, sampling; ``single`` keeps one agent); save the
     table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
     return policy
 
 
-def benchmark_cell(cfg: Any) -> str | None:
+def benchmark_cell(cfg: BaseConfig) -> str | None:
     """The benchmark cell (``baselines.benchmark.GAMES``) a replay run plays, or None when its env options are
     another game."""
     from baselines.benchmark import GAMES
