@@ -85,14 +85,15 @@ def env_kwargs(cfg: BaseConfig, split: str, backend: Any = None) -> dict[str, An
         replay = replay_backend(backend)
         card = replay.set.card if replay is not None else load_card(cfg.replay)
         kwargs: dict[str, Any] = {**env_settings(card), "split": split, "data_dir": cfg.data_dir}
-        if cfg.token_cost:
-            kwargs["reward_weights"] = {"tokens": cfg.token_cost}
-        return {**kwargs, **cfg.env_options}
+        return {**kwargs, **token_weights(cfg.token_cost), **cfg.env_options}
     kwargs = {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds,
               "split": split, "data_dir": cfg.data_dir}
-    if cfg.token_cost:
-        kwargs["reward_weights"] = {"tokens": cfg.token_cost}
-    return {**kwargs, **env_options(cfg)}
+    return {**kwargs, **token_weights(cfg.token_cost), **env_options(cfg)}
+
+
+def token_weights(token_cost: float) -> dict[str, Any]:
+    """The env keywords of ``--token-cost``: ``reward_weights={"tokens": C}`` when C is not 0, else none."""
+    return {"reward_weights": {"tokens": token_cost}} if token_cost else {}
 
 
 class EnvFactory:

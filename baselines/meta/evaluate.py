@@ -24,6 +24,7 @@ import argparse
 import functools
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -38,12 +39,14 @@ from baselines.evaluation.evaluate import (
     plot_learning_curves,
     save_table,
 )
+from baselines.meta.config import BaseConfig, token_weights
 from baselines.meta.policy import Policy, load_checkpoint, load_policy
 from baselines.runtime import policy_threads
 from deliberation_env.backends.transformers import torch_threads
 from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
+    add_config_arguments,
     add_env_arguments,
     backend_settings,
     env_arguments,
@@ -154,7 +157,7 @@ def build_parser() -> ArgumentParser:
     # not given: the env's defaults, or the replay set's; policies play their checkpoint's team, a protocol its own
     # when it declares one (single: 1)
     add_env_arguments(parser, TEAM_FLAGS)
-    parser.add_argument("--token-cost", type=float, default=0.0, help="the env's reward weight of tokens (scores only)")
+    add_config_arguments(parser, BaseConfig, skip=[f.name for f in fields(BaseConfig) if f.name != "token_cost"])
     parser.add_argument("--num-envs", type=positive_int, default=32,
                         help="episodes played together, answered in one backend call per phase (default 32)")
     parser.add_argument("--threads", type=positive_int, default=None,
@@ -188,9 +191,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         backend = ReplayBackend(args.replay) if args.replay else backend_settings(args).build()
         env_kwargs = {"backend": backend, "split": args.split, "data_dir": args.data_dir,
                       **({"task": args.task} if args.task is not None else {}), **env_arguments(args, TEAM_FLAGS),
-                      **env_options(args)}
-        if args.token_cost:
-            env_kwargs["reward_weights"] = {"tokens": args.token_cost}
+                      **token_weights(args.token_cost), **env_options(args)}
         env = deliberation_env.parallel_env(**env_kwargs)
         check_problem_count(env, args.problems)
         header = replay_header(env)
