@@ -10,6 +10,9 @@ Used by ``python -m deliberation_env.demo``, ``python -m baselines.meta.train`` 
     --cache runs.sqlite  --max-tokens 256  --temperature 0.7  --backend-option KEY=VALUE ...
     --env-option critic_max_tokens=8 --env-option early_stop=True     # any other env option
 
+Which of them a backend takes, and needs, is its declaration (``registry.BackendSpec``), never a test of its name.
+An env setting's flag comes from its ``DeliberationConfig`` field (``add_env_arguments``): one name, one default.
+
 Errors: a program wrapped in ``report_user_errors`` prints ``prog: error: message`` (one line)
 and exits with code 2 for ``UserError`` and for a ``BackendError`` of the OpenAI backend (an
 unreachable or failing server). Code that turns user input into objects (configs, envs,
