@@ -154,11 +154,6 @@ def test_resume_refuses_other_training_settings_and_names_each(tmp_path):
     legacy["agents"] = legacy.pop("num_agents")  # saved before the setting was renamed
     (tmp_path / "state" / "trainer.json").write_text(json.dumps({"update": 1, "settings": legacy}))
     replace(saved, resume=state).validate()
-    legacy["temperature"] = 0.7  # saved when the LLM trainer wrote the env's temperature down, not None
-    (tmp_path / "state" / "trainer.json").write_text(json.dumps({"update": 1, "settings": legacy}))
-    replace(saved, resume=state).validate()
-    with pytest.raises(ValueError, match=r"temperature \(0\.7 saved, 0\.3 now\)"):
-        replace(saved, resume=state, temperature=0.3).validate()
     with pytest.raises(ValueError, match=r"num_agents \(2 saved, 3 now\)"):
         replace(saved, resume=state, num_agents=3).validate()
     cosine = _saved_state(tmp_path / "cosine", replace(saved, lr_schedule="cosine"))

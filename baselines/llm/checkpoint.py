@@ -20,13 +20,11 @@ import json
 import os
 import random
 import shutil
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-
-from deliberation_env.core.config import DeliberationConfig
 
 STATE = "state"
 BEST = "best"
@@ -71,18 +69,11 @@ def current_names(settings: dict[str, Any]) -> dict[str, Any]:
     return {RENAMED_SETTINGS.get(key, key): value for key, value in settings.items()}
 
 
-def env_resolved(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` with None on an env setting read as the env's own default (``DeliberationConfig``): a run saved
-    with ``temperature`` 0.7, before the LLM trainer left it to the env, plays what None plays now."""
-    env = {f.name: getattr(DeliberationConfig(), f.name) for f in fields(DeliberationConfig)}
-    return {key: env[key] if value is None and env.get(key) is not None else value for key, value in settings.items()}
-
-
 def settings_differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     """``name (saved value, value now)`` for every training setting of ``now`` that differs from ``saved`` (both
     ``asdict(LLMTrainConfig)``; a setting the saved run predates counts as its value in ``defaults``)."""
-    defaults, now = (env_resolved(json.loads(json.dumps(values, default=_plain))) for values in (defaults, now))
-    saved = env_resolved(current_names(saved))
+    defaults, now = (json.loads(json.dumps(values, default=_plain)) for values in (defaults, now))  # as saved
+    saved = current_names(saved)
     free = set(RESUME_FREE)
     if now.get("lr_schedule") == saved.get("lr_schedule") == "constant":
         free.add("updates")
