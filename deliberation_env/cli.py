@@ -265,12 +265,12 @@ def _shown_default(name: str, default: Any) -> Any:
 
 
 def add_env_arguments(parser: argparse.ArgumentParser | Any, names: Sequence[str],
-                      defaults: Mapping[str, Any] | None = None, aliases: Mapping[str, Sequence[str]] | None = None,
-                      choices: Mapping[str, Sequence[Any]] | None = None) -> None:
+                      defaults: Mapping[str, Any] | None = None,
+                      aliases: Mapping[str, Sequence[str]] | None = None) -> None:
     """One flag per named ``DeliberationConfig`` field, from its declaration there (type, minimum, docstring). A flag
     defaults to None, not given: the env's own default (or a replay set's recording) applies; ``defaults`` names a
-    program's own default instead, ``aliases`` old flag names (accepted with a warning), ``choices`` the values
-    accepted. ``env_arguments(args, names)`` reads them back."""
+    program's own default instead, ``aliases`` old flag names (accepted with a warning). ``env_arguments(args,
+    names)`` reads them back."""
     from deliberation_env.core.config import DeliberationConfig
 
     unknown = set(names) - {f.name for f in fields(DeliberationConfig)}
@@ -279,8 +279,6 @@ def add_env_arguments(parser: argparse.ArgumentParser | Any, names: Sequence[str
     overrides: dict[str, dict[str, Any]] = {name: {"default": (defaults or {}).get(name)} for name in names}
     for name, names_of in (aliases or {}).items():
         overrides[name]["aliases"] = tuple(names_of)
-    for name, values in (choices or {}).items():
-        overrides[name]["choices"] = tuple(values)
     add_config_arguments(parser, DeliberationConfig, skip=[f.name for f in fields(DeliberationConfig)
                                                            if f.name not in names], overrides=overrides)
 

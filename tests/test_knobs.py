@@ -43,6 +43,7 @@ OWN_DEFAULTS = {
     ("train_llm", "num_agents"): 2,  # LLM fine-tuning: a small team, one round, short completions
     ("train_llm", "max_rounds"): 1,
     ("train_llm", "max_tokens"): 64,
+    ("train_llm", "temperature"): ENV.temperature,  # the env's, written down: a run's saved settings name it
 }
 """The only env settings a program gives a default of its own, each for a reason of that program."""
 
@@ -190,9 +191,9 @@ def test_the_redeclaration_check_sees_a_redeclared_field():
 def test_the_trainers_env_fields_are_the_envs():
     assert (TrainConfig().num_agents, TrainConfig().max_rounds) == (ENV.num_agents, ENV.max_rounds)
     assert {f.name for f in dataclasses.fields(EnvFlags)} <= {f.name for f in dataclasses.fields(LLMTrainConfig)}
-    # the LLM trainer's temperature is the env's unless given; its max_tokens is its own
+    # the LLM trainer's temperature is the env's, written down (its runs record it); its max_tokens is its own
     kwargs = text_env_kwargs(LLMTrainConfig(), "train")
-    assert "temperature" not in kwargs and kwargs["max_tokens"] == 64
-    assert text_env_kwargs(LLMTrainConfig(temperature=0.3), "train")["temperature"] == 0.3
+    assert kwargs["temperature"] == ENV.temperature and kwargs["max_tokens"] == 64
+    assert "temperature" not in text_env_kwargs(LLMTrainConfig(temperature=None), "train")  # None: the env's own
     with pytest.raises(ValueError, match="max_tokens must be an integer >= 1 for the LLM trainers"):
         LLMTrainConfig(max_tokens=None).validate()

@@ -10,6 +10,7 @@ from typing import Any
 from baselines.advantages import ADVANTAGE_MODES
 from baselines.config import TrainConfig
 from deliberation_env.cli import field_of
+from deliberation_env.core.config import DeliberationConfig
 
 ALGOS = ("magrpo", "grpo", "softrankpo")
 CREDITS = ("team", "agent")
@@ -36,6 +37,8 @@ class LLMTrainConfig(TrainConfig):
     """Meta-actions of the text env: debate (every agent refines) or self_consistency (no refinement)."""
     max_tokens: int | None = field_of(TrainConfig, "max_tokens", 64)
     """Tokens per solution or refinement (the LLM trainers need a number: the length of their completions)."""
+    temperature: float | None = field_of(TrainConfig, "temperature", DeliberationConfig().temperature)
+    """Sampling temperature of solutions and refinements (the env's, written down: a run's saved settings name it)."""
     group_size: int = 4
     """G: completions each acting agent samples at every node of a problem's rollout tree (its comparison group); >= 2."""
     joint: str = "align"
