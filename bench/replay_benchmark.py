@@ -45,7 +45,7 @@ from deliberation_env.analysis.metrics import auroc, clustered_auroc, hierarchic
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
 from deliberation_env.core.consensus import support
-from deliberation_env.protocols import make_protocol
+from deliberation_env.protocols import SPECS, make_protocol, protocol_agents
 from deliberation_env.replay import ReplaySet, replay_env
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
@@ -75,9 +75,9 @@ def protocol_rows(dataset: ReplaySet, seeds, split: str, options: dict,
                   names: tuple[str, ...] = PROTOCOL_ROWS + ("oracle",)) -> dict[str, dict]:
     """The fixed protocols ``names`` (default: all, and the oracle) on ``split`` (``single`` is read off the tree
     by the caller)."""
-    return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s) if n == "random" else make_protocol(n),
-                            seeds if name == "random" else [0], options, split=split)
-            for name in names if name != "single"}
+    return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s),
+                            seeds if "seed" in SPECS[name].options else [0], options, split=split)
+            for name in names if protocol_agents(name) is None}
 
 
 def headrooms(tree: dict) -> dict[str, dict]:
