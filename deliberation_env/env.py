@@ -15,12 +15,16 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 | Episode length     | ``max_rounds`` steps (default 3); optionally earlier, see ``early_stop``    |
 
 Observation of agent i (F floats in [0, 1] per agent; ``deliberation_env.core.features`` has every column).
-The ``features`` option picks the feature set: ``"v1"`` (default, F = 16: answer schema, critic confidence,
-reasoning profile, last action, round) or ``"v2"`` (F = 23: v1's 16 columns, then signals of the agent's
-latest completion: the probability of its answer's tokens, whether it was cut at ``max_tokens``, how often it
-repeats its answer, whether its equations hold, code, and whether its concede target holds the team answer). v2
-asks the backend for token log-probabilities (the same requests otherwise: replay sets serve it); a
-backend that gives none leaves those columns at documented neutral values.
+The ``features`` option picks the feature set (default ``"v1"``), a registered ``core.features.FeatureSet``:
+
+| features | F  | extends | adds                                                                    | needs    |
+|----------|----|---------|-------------------------------------------------------------------------|----------|
+| ``v1``   | 16 |         | answer schema, critic confidence, reasoning profile, last action, round |          |
+| ``v2``   | 23 | ``v1``  | signals of the latest completion and of the concede target              | logprobs |
+| ``v3``   | 29 | ``v2``  | the agent's role and its tool's verdict                                 | roles    |
+
+A set that needs logprobs asks the backend for token log-probabilities (the same requests otherwise: replay sets
+serve it); a backend that gives none leaves those columns at documented neutral values.
 
 | key            | space                         | content                                                 |
 |----------------|-------------------------------|---------------------------------------------------------|
@@ -28,6 +32,8 @@ backend that gives none leaves those columns at documented neutral values.
 | ``peers``      | Box(0, 1, (N-1, F), float32)  | the peers' rows, in the fixed order i+1, i+2, ... (mod N)  |
 | ``agreement``  | Box(0, 1, (N-1,), float32)    | 1 where that peer holds the same answer as agent i       |
 | ``action_mask``| Box(0, 1, (A,), int8)         | legal actions (A = 3, or 2 + N): CONCEDE needs a peer with a different answer |
+
+(``formats.FEATURE_KEYS``: ``formats.feature_spaces`` and ``formats.feature_arrays`` build the first three.)
 
 The ground truth never enters an observation. A masked action is played as PERSIST (``invalid_action="raise"``
 rejects it). Episodes draw their problems from ``split`` (default ``"train"``; ``split="test"`` to evaluate).

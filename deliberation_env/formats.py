@@ -7,15 +7,16 @@ action_mask=..., infos=...)`` (docs/interop.md has a recipe per library):
 - ``observation="dict"`` (default): ``{"self", "peers", "agreement", "action_mask"}``.
 - ``observation="flat"``: one float32 Box vector ``[self, peers.ravel(), agreement, action_mask]``
   (the mask, when in the observation, is the last 3 entries; 2 + N with ``concede_to_peer``).
-- ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (3,)}``,
+- ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (A,)}``,
   PettingZoo's classic convention (``observation_key="observations"`` for RLlib's masking module).
 - ``action_mask="observation" | "info" | "both"``: where the legal-action mask goes, under
   ``action_mask_key`` (default ``"action_mask"``).
 - ``infos="full" | "numeric" | "none"``: ``numeric`` keeps only float values (strings and None
   become indices or -1), with the same keys every step, for libraries that stack infos into arrays.
 
-Every format carries F floats per agent, F the width of the env's feature set (``features="v1"``: 16,
-``"v2"``: 23; ``core.features``): the env asks ``format.space(num_agents, F)`` for its observation space.
+Every format carries F floats per agent, F the width of the env's feature set (``core.features.num_features``),
+and an action mask of A entries (3, or 2 + N with ``concede_to_peer``): the env asks ``format.space(num_agents, F,
+A)`` for its observation space.
 """
 
 from __future__ import annotations

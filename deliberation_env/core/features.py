@@ -23,24 +23,24 @@ v1's columns (``FEATURES``):
 | 1     | support           | fraction of all agents holding the same answer (decision schema)    |
 | 2     | in_consensus      | 1 if its answer is the team's plurality answer (decision schema)    |
 | 3     | confidence        | introspective confidence from the critic call                       |
-| 4-10  | profile           | reasoning profile, see ``PROFILE_FEATURES``                          |
-| 11-14 | last_action       | one-hot: none (round 0), PERSIST, REFINE, CONCEDE                    |
+| 4-10  | profile_*         | reasoning profile, see ``PROFILE_FEATURES``                          |
+| 11-14 | last_*            | one-hot: none (round 0), PERSIST, REFINE, CONCEDE                    |
 | 15    | round             | rounds played / max_rounds                                          |
 
 The reasoning profile (``z_prof``) is read off the agent's latest text:
 
-| index | name            | meaning                                                      |
-|-------|-----------------|--------------------------------------------------------------|
-| 0     | steps           | non-empty lines / 10, capped at 1                            |
-| 1     | length          | completion tokens / max_tokens, capped at 1                  |
-| 2     | equations       | '=' signs / 10, capped at 1                                  |
-| 3     | checked         | 1 if it says it checked or verified its work                 |
-| 4     | hedged          | 1 if it hedges ("not sure", "maybe", "I think", ...)         |
-| 5     | revisions       | times this agent has refined / max_rounds                    |
-| 6     | changed         | 1 if its answer changed at its latest update                 |
+| profile | name      | meaning                                              |
+|---------|-----------|------------------------------------------------------|
+| 0       | steps     | non-empty lines / 10, capped at 1                    |
+| 1       | length    | completion tokens / max_tokens, capped at 1          |
+| 2       | equations | '=' signs / 10, capped at 1                          |
+| 3       | checked   | 1 if it says it checked or verified its work         |
+| 4       | hedged    | 1 if it hedges ("not sure", "maybe", "I think", ...) |
+| 5       | revisions | times this agent has refined / max_rounds            |
+| 6       | changed   | 1 if its answer changed at its latest update         |
 
-``features="v2"`` appends these (``SIGNAL_FEATURES``; the completion is the latest solution or refinement the agent holds; a
-CONCEDE takes its target's). The core then asks the backend for every generated token's log-probability.
+``features="v2"`` appends these (``SIGNAL_FEATURES``; the completion is the latest solution or refinement the agent
+holds; a CONCEDE takes its target's). The core then asks the backend for every generated token's log-probability.
 
 | index | name                | meaning                                                           | neutral |
 |-------|---------------------|-------------------------------------------------------------------|---------|
@@ -62,7 +62,7 @@ where it printed one (``core.tools``), so its ``answer_prob`` and ``answer_repea
 
 | index | name        | meaning                                                                             |
 |-------|-------------|-------------------------------------------------------------------------------------|
-| 23-26 | role        | one-hot: the agent's role, numbered by first appearance in ``roles`` (a homogeneous |
+| 23-26 | role_*      | one-hot: the agent's role, numbered by first appearance in ``roles`` (a homogeneous |
 |       |             | team: role_0 for every agent)                                                       |
 | 27    | tool_ran    | 1 if its role's tool read an answer off its latest solution (``core.tools``: the    |
 |       |             | program ran and printed one); 0 without a tool                                      |
