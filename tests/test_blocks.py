@@ -241,3 +241,27 @@ def test_every_column_table_names_the_declared_columns(where):
         assert all(fnmatch.fnmatchcase(c, p) for c, p in zip(span, patterns)), f"{where}: {index} is {span}, not {names}"
         covered.update(range(int(first), int(last or first) + 1))
     assert covered == set(range(len(columns))), f"{where}: columns without a row: {set(range(len(columns))) - covered}"
+
+
+# ------------------------------------------------------------------ no module branches on a block's name
+def test_no_module_branches_on_a_feature_set_s_or_a_tool_s_name():
+    """What the core does for a feature set or a tool comes from its declaration: no comparison with the name of a
+    built-in set, tool or tool kind outside the modules that declare them (``core/features.py``, ``core/tools.py``)."""
+    import ast
+
+    from deliberation_env.core.tools import TOOLS
+
+    names = {*features.BUILT_IN_FEATURE_SETS, "python", "python_check", "run"}
+    declaring = {"deliberation_env/core/features.py", "deliberation_env/core/tools.py"}
+    offenders = []
+    for package in ("deliberation_env", "baselines"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            if where in declaring or "sets" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Compare):
+                    constants = [c for c in ast.walk(node) if isinstance(c, ast.Constant) and c.value in names]
+                    offenders += [f"{where}:{c.lineno}: {c.value!r}" for c in constants]
+    assert not offenders, "branches on a block's name (read its declaration instead): " + ", ".join(offenders)
+    assert {tool.kind for tool in TOOLS.values()} >= {"run"}  # the names scanned for are the real ones

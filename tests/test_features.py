@@ -156,7 +156,7 @@ def test_v2_on_the_sim_keeps_v1_columns_rewards_and_infos():
 
 
 def test_unknown_feature_set_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"features must be one of \('v1', 'v2', 'v3'\)"):
+    with pytest.raises(ValueError, match=r"features must be one of \('v1', 'v2', 'v3'"):
         deliberation_env.parallel_env(features="v4")
 
 
