@@ -43,7 +43,7 @@ NUM_ACTIONS = len(Action)
 _NUMERIC_DROPPED = ("answer", "confidence_source", "consensus", "problem_id")
 
 
-def feature_spaces(num_agents: int, width: int) -> dict[str, gymnasium.spaces.Box]:
+def feature_spaces(num_agents: int, width: int) -> dict[str, gymnasium.spaces.Space[Any]]:
     """The spaces of ``FEATURE_KEYS`` for one agent of ``num_agents`` with ``width`` features each."""
     peers = num_agents - 1
     return {"self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
@@ -111,7 +111,7 @@ class ObservationFormat:
         peers = num_agents - 1
         mask = gymnasium.spaces.Box(0, 1, (num_actions,), np.int8)
         if self.mode == "dict":
-            parts: dict[str, gymnasium.spaces.Space[Any]] = dict(feature_spaces(num_agents, width))
+            parts = feature_spaces(num_agents, width)
             if self.mask_in_observation:
                 parts[self.mask_key] = mask
             return gymnasium.spaces.Dict(parts)
