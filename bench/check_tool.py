@@ -4,7 +4,7 @@
     python bench/check_tool.py --dataset qwen05-team-arith --splits test
 
 For every agent's round-0 solution (stream 0) that holds a code block, its last block runs in the sandbox as
-``backends.tools.PythonTool`` runs it, the task's extractor reads the printed answer, and the report compares it
+``core.tools.PythonTool`` runs it, the task's extractor reads the printed answer, and the report compares it
 with the text's answer: how many solutions hold code, how often the program printed an answer and agreed, the
 text answer's accuracy when the program agrees, disagrees or printed nothing, the program's own accuracy where it
 disagrees, and the AUROC of agreement for "the text's answer is right" among the solutions whose program printed
@@ -19,9 +19,8 @@ import os
 from _results import save_markdown
 
 from deliberation_env.analysis.metrics import clustered_auroc, wilson_interval
-from deliberation_env.backends.tools import OUTPUT_CHARS
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.core.tools import program_of
+from deliberation_env.core.tools import OUTPUT_CHARS, program_of
 from deliberation_env.replay import ReplayError, ReplaySet, replay_env
 from deliberation_env.sandbox.runner import run_many
 from deliberation_env.tasks.base import Task

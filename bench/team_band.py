@@ -33,7 +33,6 @@ from _results import RESULTS, add_band_arguments, parse_band_arguments, save_mar
 
 import deliberation_env
 from deliberation_env.analysis.metrics import bootstrap_interval
-from deliberation_env.backends.tools import PythonTool
 from deliberation_env.cli import ArgumentParser, backend_settings
 from deliberation_env.core.consensus import plurality
 from deliberation_env.vector import BatchedEnvs
@@ -53,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def play_round_zero(args: argparse.Namespace) -> tuple[list[dict], float]:
     """One row per problem: each agent's answer, correctness, confidence and completion tokens."""
-    backend = PythonTool(backend_settings(args).build())
+    backend = backend_settings(args).build()  # the request grouper sends the runs to the sandbox
     options = dict(task="arithmetic", task_kwargs={"levels": args.levels}, backend=backend, split=args.split,
                    num_agents=len(args.roles), roles=args.roles, max_rounds=1, confidence="answer_logprobs",
                    max_tokens=args.max_tokens, temperature=args.temperature)

@@ -15,12 +15,16 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 | Episode length     | ``max_rounds`` steps (default 3); optionally earlier, see ``early_stop``    |
 
 Observation of agent i (F floats in [0, 1] per agent; ``deliberation_env.core.features`` has every column).
-The ``features`` option picks the feature set: ``"v1"`` (default, F = 16: answer schema, critic confidence,
-reasoning profile, last action, round) or ``"v2"`` (F = 23: v1's 16 columns, then signals of the agent's
-latest completion: the probability of its answer's tokens, whether it was cut at ``max_tokens``, how often it
-repeats its answer, whether its equations hold, code, and whether its concede target holds the team answer). v2
-asks the backend for token log-probabilities (the same requests otherwise: replay sets serve it); a
-backend that gives none leaves those columns at documented neutral values.
+The ``features`` option picks the feature set (default ``"v1"``), a registered ``core.features.FeatureSet``:
+
+| features | F  | extends | adds                                                                    | needs    |
+|----------|----|---------|-------------------------------------------------------------------------|----------|
+| ``v1``   | 16 |         | answer schema, critic confidence, reasoning profile, last action, round |          |
+| ``v2``   | 23 | ``v1``  | signals of the latest completion and of the concede target              | logprobs |
+| ``v3``   | 29 | ``v2``  | the agent's role and its tool's verdict                                 | roles    |
+
+A set that needs logprobs asks the backend for token log-probabilities (the same requests otherwise: replay sets
+serve it); a backend that gives none leaves those columns at documented neutral values.
 
 | key            | space                         | content                                                 |
 |----------------|-------------------------------|---------------------------------------------------------|
@@ -28,6 +32,8 @@ backend that gives none leaves those columns at documented neutral values.
 | ``peers``      | Box(0, 1, (N-1, F), float32)  | the peers' rows, in the fixed order i+1, i+2, ... (mod N)  |
 | ``agreement``  | Box(0, 1, (N-1,), float32)    | 1 where that peer holds the same answer as agent i       |
 | ``action_mask``| Box(0, 1, (A,), int8)         | legal actions (A = 3, or 2 + N): CONCEDE needs a peer with a different answer |
+
+(``formats.FEATURE_KEYS``: ``formats.feature_spaces`` and ``formats.feature_arrays`` build the first three.)
 
 The ground truth never enters an observation. A masked action is played as PERSIST (``invalid_action="raise"``
 rejects it). Episodes draw their problems from ``split`` (default ``"train"``; ``split="test"`` to evaluate).
@@ -61,11 +67,10 @@ from pettingzoo import ParallelEnv
 
 from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.backends.grouping import answer_pending
-from deliberation_env.backends.tools import with_tools
 from deliberation_env.core import features
 from deliberation_env.core.actions import action_name
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
-from deliberation_env.formats import ObservationFormat
+from deliberation_env.formats import FEATURE_KEYS, ObservationFormat, feature_arrays, peer_matrix
 from deliberation_env.options import CONFIG_KEYWORDS, FLAT_KEYWORDS, WRAPPER_KEYWORDS, env_parts
 from deliberation_env.replay.backend import bind_replay
 from deliberation_env.tasks.base import Problem, Task
@@ -112,8 +117,6 @@ class DeliberationEnv(ParallelEnv):
         binding = bind_replay(self.backends, self.task, self.config, split)
         if binding is not None:  # a replay set: its recorded problems and its sample streams
             self.config = replace(self.config, streams=binding.streams, request_format=binding.request_format)
-        else:  # a program-aided role's runs go to the sandbox (a replay set answers its recorded runs)
-            self.backends = with_tools(self.backends, self.config.roles)
         self.problems: Sequence[Problem] = self.task.problems(split) if binding is None else binding.problems
         if len(self.problems) == 0:
             raise ValueError(f"task {self.task.name!r} has no problems in split {split!r}")
@@ -128,8 +131,7 @@ class DeliberationEnv(ParallelEnv):
         self.state_space = gymnasium.spaces.Box(0.0, 1.0, (num_agents * width,), np.float32)
         self.action_spaces = {agent: gymnasium.spaces.Discrete(self.deliberation.num_actions)
                               for agent in self.possible_agents}
-        self._peers = [self.deliberation.peer_indices(i) for i in range(num_agents)]
-        self._peer_matrix = np.array(self._peers, dtype=np.intp).reshape(num_agents, num_agents - 1)
+        self._peer_matrix = peer_matrix([self.deliberation.peer_indices(i) for i in range(num_agents)])
         self._generator: np.random.Generator | None = None  # made at the first draw (``np_random``)
         self._stream, self._copies = (next(_UNSEEDED),), 0
         self.np_random_seed: int | None = None
@@ -315,18 +317,15 @@ class DeliberationEnv(ParallelEnv):
     def _observations(self) -> dict[str, Any]:
         # Every array is built once per call for all agents (fresh each step); agents get views of their rows.
         core = self.deliberation
-        rows = core.feature_matrix()
-        peer_rows = rows[self._peer_matrix]  # (N, N-1, F): one gather for all agents
-        answers = [a.answer for a in core.agents]
-        agreement = np.array([[own is not None and answers[j] == own for j in peers]
-                              for own, peers in zip(answers, self._peers)], dtype=np.float32).reshape(len(answers), -1)
+        parts = feature_arrays(core.feature_matrix(), self._peer_matrix, [a.answer for a in core.agents])
         masks = core.action_masks()
         observation = self.format.observation
         observations = {}
         for agent in self.agents:
             i = self._index[agent]
-            observations[agent] = observation(
-                {"self": rows[i], "peers": peer_rows[i], "agreement": agreement[i], "action_mask": masks[i]})
+            raw = {key: parts[key][i] for key in FEATURE_KEYS}
+            raw["action_mask"] = masks[i]
+            observations[agent] = observation(raw)
         return observations
 
     def _infos(self, outcome: RoundOutcome | None) -> dict[str, dict[str, Any]]:

@@ -7,15 +7,16 @@ action_mask=..., infos=...)`` (docs/interop.md has a recipe per library):
 - ``observation="dict"`` (default): ``{"self", "peers", "agreement", "action_mask"}``.
 - ``observation="flat"``: one float32 Box vector ``[self, peers.ravel(), agreement, action_mask]``
   (the mask, when in the observation, is the last 3 entries; 2 + N with ``concede_to_peer``).
-- ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (3,)}``,
+- ``observation="masked"``: ``{observation_key: float32 vector, action_mask_key: int8 (A,)}``,
   PettingZoo's classic convention (``observation_key="observations"`` for RLlib's masking module).
 - ``action_mask="observation" | "info" | "both"``: where the legal-action mask goes, under
   ``action_mask_key`` (default ``"action_mask"``).
 - ``infos="full" | "numeric" | "none"``: ``numeric`` keeps only float values (strings and None
   become indices or -1), with the same keys every step, for libraries that stack infos into arrays.
 
-Every format carries F floats per agent, F the width of the env's feature set (``features="v1"``: 16,
-``"v2"``: 23; ``core.features``): the env asks ``format.space(num_agents, F)`` for its observation space.
+Every format carries F floats per agent, F the width of the env's feature set (``core.features.num_features``),
+and an action mask of A entries (3, or 2 + N with ``concede_to_peer``): the env asks ``format.space(num_agents, F,
+A)`` for its observation space.
 """
 
 from __future__ import annotations
@@ -33,10 +34,34 @@ OBSERVATION_MODES = ("dict", "flat", "masked")
 ACTION_MASK_PLACES = ("observation", "info", "both")
 INFO_MODES = ("full", "numeric", "none")
 FEATURE_KEYS = ("self", "peers", "agreement")
+"""The observation's feature part, written once here (``feature_spaces``, ``feature_arrays``) for the meta-action
+env, its formats and the text env: the agent's own row, its peers' rows in the fixed order i+1, i+2, ... (mod N), and
+1 where that peer holds the agent's answer."""
 NUM_ACTIONS = len(Action)
 
 # full-info key -> how the numeric form encodes it (strings and None have no fixed numeric type)
 _NUMERIC_DROPPED = ("answer", "confidence_source", "consensus", "problem_id")
+
+
+def feature_spaces(num_agents: int, width: int) -> dict[str, gymnasium.spaces.Space[Any]]:
+    """The spaces of ``FEATURE_KEYS`` for one agent of ``num_agents`` with ``width`` features each."""
+    peers = num_agents - 1
+    return {"self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
+            "peers": gymnasium.spaces.Box(0.0, 1.0, (peers, width), np.float32),
+            "agreement": gymnasium.spaces.Box(0.0, 1.0, (peers,), np.float32)}
+
+
+def feature_arrays(rows: np.ndarray, peers: np.ndarray, answers: Sequence[str | None]) -> dict[str, np.ndarray]:
+    """``FEATURE_KEYS`` of every agent at once, agent i's in row i: ``rows`` (N, F) the feature matrix, ``peers``
+    (N, N-1) each agent's peer indices (``Deliberation.peer_indices``), ``answers`` the agents' answers."""
+    agreement = np.array([[own is not None and answers[j] == own for j in row] for own, row in zip(answers, peers)],
+                         dtype=np.float32).reshape(len(answers), -1)
+    return {"self": rows, "peers": rows[peers], "agreement": agreement}
+
+
+def peer_matrix(peers: Sequence[Sequence[int]]) -> np.ndarray:
+    """Each agent's peer indices as one (N, N-1) index array, for ``feature_arrays``."""
+    return np.array(peers, dtype=np.intp).reshape(len(peers), len(peers) - 1)
 
 
 def flatten(observation: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
@@ -86,11 +111,7 @@ class ObservationFormat:
         peers = num_agents - 1
         mask = gymnasium.spaces.Box(0, 1, (num_actions,), np.int8)
         if self.mode == "dict":
-            parts: dict[str, gymnasium.spaces.Space[Any]] = {
-                "self": gymnasium.spaces.Box(0.0, 1.0, (width,), np.float32),
-                "peers": gymnasium.spaces.Box(0.0, 1.0, (peers, width), np.float32),
-                "agreement": gymnasium.spaces.Box(0.0, 1.0, (peers,), np.float32),
-            }
+            parts = feature_spaces(num_agents, width)
             if self.mask_in_observation:
                 parts[self.mask_key] = mask
             return gymnasium.spaces.Dict(parts)

@@ -20,7 +20,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from deliberation_env.backends.tools import with_tools
 from deliberation_env.cli import (
     ArgumentParser,
     KeyValueAction,
@@ -257,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     # not strict: a chunk written just before a kill, and not yet in the card, is recorded again from its records
     with user_input("--out"):
         records = {r["key"]: r for r in read_records(out, card, strict=False)}
-    backend = with_tools([backend], config.roles)[0]  # a program-aided role's runs: the sandbox, recorded
     recorder = TreeRecorder(task, config, backend, rounds=config.max_rounds, confidence_sources=args.sources,
                             records=records, branch_limit=args.branch_limit,
                             all_targets=args.concede_targets == "all")

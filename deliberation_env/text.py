@@ -54,6 +54,8 @@ from deliberation_env.backends.base import Backend, Completion, Request, estimat
 from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
+from deliberation_env.core.tools import is_tool_kind
+from deliberation_env.formats import FEATURE_KEYS, feature_arrays, feature_spaces, peer_matrix
 from deliberation_env.make import parallel_env
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Task
@@ -139,18 +141,12 @@ class TextDeliberationEnv(ParallelEnv):
         self.possible_agents = list(self.meta.possible_agents)
         self.agents: list[str] = []
 
-        peers, width = config.num_agents - 1, features.num_features(config.features)
-        box = gymnasium.spaces.Box
         message = gymnasium.spaces.Dict({"role": gymnasium.spaces.Text(9, min_length=4, charset=string.ascii_lowercase),
                                          "content": UnicodeText(self.max_prompt_chars)})
         space = gymnasium.spaces.Dict({
             "kind": gymnasium.spaces.Discrete(len(KINDS)),
             "messages": gymnasium.spaces.Sequence(message),
-            "features": gymnasium.spaces.Dict({
-                "self": box(0.0, 1.0, (width,), np.float32),
-                "peers": box(0.0, 1.0, (peers, width), np.float32),
-                "agreement": box(0.0, 1.0, (peers,), np.float32),
-            }),
+            "features": gymnasium.spaces.Dict(feature_spaces(config.num_agents, features.num_features(config.features))),
         })
         self.observation_spaces = {agent: space for agent in self.possible_agents}
         self.action_spaces = {agent: UnicodeText(self.max_action_chars) for agent in self.possible_agents}
@@ -266,7 +262,7 @@ class TextDeliberationEnv(ParallelEnv):
 
     def _not_the_agents(self, requests: Sequence[Request]) -> bool:
         """Whether a phase's requests are answered without the agents: tool runs, or critics with a critic backend."""
-        return all(r.kind == "run" for r in requests) or (
+        return all(is_tool_kind(r.kind) for r in requests) or (
             self.critic_by_backend and all(r.kind == "critic" for r in requests))
 
     def _meta_actions(self, observations, infos) -> Mapping[str, Any]:
@@ -374,12 +370,11 @@ class TextDeliberationEnv(ParallelEnv):
 
     def _observations(self) -> dict[str, dict[str, Any]]:
         core = self.deliberation
-        rows = core.feature_matrix()
-        answers = [a.answer for a in core.agents]
+        peers = peer_matrix([core.peer_indices(i) for i in range(len(core.agents))])
+        parts = feature_arrays(core.feature_matrix(), peers, [a.answer for a in core.agents])
         observations = {}
         for agent in self.agents:
             i = self.possible_agents.index(agent)
-            peers = core.peer_indices(i)
             request = self._pending[self._turns[i]] if i in self._turns else None
             kind = "wait" if request is None else request.kind
             messages = () if request is None else tuple(m.as_dict() for m in request.messages)
@@ -387,16 +382,8 @@ class TextDeliberationEnv(ParallelEnv):
                 if len(message["content"]) > self.max_prompt_chars:
                     raise ValueError(f"a {kind} prompt of {agent} has {len(message['content'])} characters, "
                                      f"more than max_prompt_chars={self.max_prompt_chars}; pass a larger one")
-            own = answers[i]
-            observations[agent] = {
-                "kind": KINDS.index(kind),
-                "messages": messages,
-                "features": {
-                    "self": rows[i],
-                    "peers": rows[peers],
-                    "agreement": np.array([own is not None and answers[j] == own for j in peers], dtype=np.float32),
-                },
-            }
+            observations[agent] = {"kind": KINDS.index(kind), "messages": messages,
+                                   "features": {key: parts[key][i] for key in FEATURE_KEYS}}
         return observations
 
 

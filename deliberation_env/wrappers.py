@@ -6,10 +6,10 @@ for wrapping an env built elsewhere.
 
 - ``FlattenObservation(env)``: each observation becomes one float32 Box vector:
   ``concat(self, peers.ravel(), agreement, action_mask)``; the mask stays readable as the
-  last 3 entries. This is what SuperSuit's ``pettingzoo_env_to_vec_env_v1`` and
+  last A entries (A = 3, or 2 + N with ``concede_to_peer``). This is what SuperSuit's ``pettingzoo_env_to_vec_env_v1`` and
   CleanRL/SB3-style code consume.
 - ``ActionMaskObservation(env)``: ``{"observation": float32 vector without the mask,
-  "action_mask": int8 (3,)}``, the convention of PettingZoo's classic envs and of
+  "action_mask": int8 (A,)}``, the convention of PettingZoo's classic envs and of
   masked-PPO implementations.
 """
 
@@ -65,7 +65,7 @@ class FlattenObservation(_ObservationWrapper):
 
 
 class ActionMaskObservation(_ObservationWrapper):
-    """Observations as ``{"observation": float32 vector, "action_mask": int8 (3,)}``."""
+    """Observations as ``{"observation": float32 vector, "action_mask": int8 (A,)}``."""
 
     def __init__(self, env):
         super().__init__(env)

@@ -29,7 +29,7 @@ def scripted_env(backend, **options):
 # ------------------------------------------------------------------ v1: the default layout, pinned
 def test_v1_is_the_default_and_its_rows_are_pinned():
     env = scripted_env(ScriptedBackend(["42", "41", "41"], [0.9, 0.6, 0.2]))
-    assert env.config.features == "v1" and features.FEATURE_SETS["v1"] == features.FEATURES
+    assert env.config.features == "v1" and features.feature_names("v1") == features.FEATURES
     assert features.num_features("v1") == features.NUM_FEATURES == V1_WIDTH
     obs, _ = env.reset(seed=0)
     profile = [0.1, 5 / 512, 0, 0, 0, 0, 0]  # one line, 5 of 512 tokens, no '=', no check, no hedge, round 0
@@ -156,7 +156,7 @@ def test_v2_on_the_sim_keeps_v1_columns_rewards_and_infos():
 
 
 def test_unknown_feature_set_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"features must be one of \('v1', 'v2', 'v3'\)"):
+    with pytest.raises(ValueError, match=r"features must be one of \('v1', 'v2', 'v3'"):
         deliberation_env.parallel_env(features="v4")
 
 

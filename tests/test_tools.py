@@ -8,10 +8,11 @@ import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Completion
-from deliberation_env.backends.tools import PythonTool, with_tools
+from deliberation_env.chat import Message
 from deliberation_env.core import features
 from deliberation_env.core.roles import make_roles
-from deliberation_env.core.tools import program_of
+from deliberation_env.core.seeds import KIND_IDS
+from deliberation_env.core.tools import TOOLS, program_of, tool_runner
 from deliberation_env.record import main as record
 from deliberation_env.registry import BACKENDS
 from deliberation_env.replay import replay_env
@@ -46,15 +47,16 @@ def test_the_last_code_block_is_the_program():
     assert program_of("a\n```python\nx = 1\n```\nb\n```\nprint(2)\n```\n") == "print(2)\n"
     assert program_of("no code here") is None and program_of("```python\n\n```") is None
     assert make_roles(TEAM, 3)[1].tool == "python"
-    with pytest.raises(ValueError, match=r"tool must be one of \('python', 'python_check'\) or None"):
+    with pytest.raises(ValueError, match=r"tool must be one of \('python', 'python_check'"):
         make_roles(["a", {"name": "b", "tool": "bash"}, "a"], 3)
 
 
-def test_with_tools_wraps_only_when_a_role_has_a_tool():
-    writer = CodeWriter()
-    assert with_tools([writer] * 3, make_roles(["a", "a", "a"], 3)) == [writer] * 3
-    wrapped = with_tools([writer] * 3, make_roles(TEAM, 3))
-    assert isinstance(wrapped[0], PythonTool) and wrapped[0] is wrapped[2] and wrapped[0].inner is writer
+def test_both_python_tools_share_the_run_kind_and_differ_in_whether_the_output_answers():
+    python, check = TOOLS["python"], TOOLS["python_check"]
+    assert (python.kind, check.kind, python.answers, check.answers) == ("run", "run", True, False)
+    assert tool_runner("run") is python and KIND_IDS["run"] == 4  # the seed number of the recorded sets' runs
+    assert python.request("no code") is None
+    assert python.request("```python\nprint(2)\n```") == (Message("user", "print(2)\n"),)
 
 
 @pytest.mark.sandbox
@@ -105,7 +107,7 @@ def test_a_program_aided_agent_s_signals_and_confidence_read_the_answer_its_prog
     assert plain.signals.answer_repeats == 2 and plain.signals.answer_logprob == pytest.approx(-2.0)
     assert coder.signals.answer_repeats == 1 and coder.signals.answer_logprob == pytest.approx(-0.2)
     assert coder.confidence == pytest.approx(exp(-0.2)) and plain.confidence == pytest.approx(exp(-2.0))
-    columns = features.FEATURE_SETS["v3"]
+    columns = features.feature_names("v3")
     row = core.feature_matrix()[1]
     assert row[columns.index("answer_prob")] == pytest.approx(exp(-0.2))
     assert row[columns.index("answer_repeats")] == pytest.approx(1 / features.REPEATS_SCALE)

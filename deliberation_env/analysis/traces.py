@@ -24,16 +24,15 @@ import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
-from deliberation_env.backends.base import RequestKind
 from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core.deliberation import Action
+from deliberation_env.core.tools import request_kinds
 
 TRACE_VERSION = 1
-REQUEST_KINDS: tuple[str, ...] = get_args(RequestKind)
 ACTIONS: tuple[str, ...] = tuple(action.name for action in Action)
 
 
@@ -353,8 +352,8 @@ def _agent(record: Any, where: str, round_index: int) -> AgentRound:
     for j, raw in enumerate(_get(record, "requests", (list,), where)):
         at = f"{where}.requests[{j}]"
         kind = _get(raw, "kind", (str,), at)
-        if kind not in REQUEST_KINDS:
-            raise _Malformed(f"{at}.kind must be one of {REQUEST_KINDS}, got {kind!r}")
+        if kind not in request_kinds():
+            raise _Malformed(f"{at}.kind must be one of {request_kinds()}, got {kind!r}")
         counts = [_get(raw, name, (int,), at) for name in ("prompt_tokens", "completion_tokens")]
         if min(counts) < 0:
             raise _Malformed(f"{at} has a negative token count")

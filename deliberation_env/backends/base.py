@@ -13,11 +13,13 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from deliberation_env.chat import Message
 
-RequestKind = Literal["solve", "refine", "critic", "run"]
+RequestKind = str
+"""A request's kind: an agent's ``"solve"``, ``"refine"`` or ``"critic"``, or a registered tool's kind (``"run"`` for
+the built-in python tools; ``core.tools.request_kinds()`` lists them)."""
 
 
 @dataclass(frozen=True)

@@ -12,24 +12,36 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.core.tools import Tool, tool_runner
 
 
 def generate_by_backend(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:
     """Answer ``requests[i]`` with ``backends[i]``: one ``generate`` call per distinct backend (by identity), each
-    with its requests in their order; the completions come back in the order of ``requests``."""
+    with its requests in their order; the completions come back in the order of ``requests``.
+
+    A tool's request (``core.tools``: a program-aided role's ``run``) goes to the tool that runs its kind instead, one
+    ``run`` call per tool, unless its backend answers tool requests itself (``answers_tools``: a replay backend
+    serves the recorded runs). This is the one place where tools are applied, for the envs and the recorder alike."""
     if len(backends) != len(requests):
         raise ValueError(f"{len(requests)} requests but {len(backends)} backends: give one backend per request")
-    if len({id(b) for b in backends}) <= 1:
-        return backends[0].generate(requests) if requests else []
+    answerers: list[Backend | Tool] = [
+        backend if (tool := tool_runner(request.kind)) is None or getattr(backend, "answers_tools", False) else tool
+        for request, backend in zip(requests, backends)]
+    if len({id(a) for a in answerers}) <= 1:
+        return _answer(answerers[0], requests) if requests else []
     groups: dict[int, list[int]] = {}
-    for position, backend in enumerate(backends):
-        groups.setdefault(id(backend), []).append(position)
+    for position, answerer in enumerate(answerers):
+        groups.setdefault(id(answerer), []).append(position)
     completions: list[Completion | None] = [None] * len(requests)
     for positions in groups.values():
-        answered = backends[positions[0]].generate([requests[p] for p in positions])
+        answered = _answer(answerers[positions[0]], [requests[p] for p in positions])
         for position, completion in zip(positions, answered):
             completions[position] = completion
     return cast("list[Completion]", completions)  # every position belongs to one group: all filled
+
+
+def _answer(answerer: Backend | Tool, requests: Sequence[Request]) -> list[Completion]:
+    return answerer.run(requests) if isinstance(answerer, Tool) else answerer.generate(requests)
 
 
 def generate_grouped(requests: Sequence[Request], backends: Sequence[Backend]) -> list[Completion]:

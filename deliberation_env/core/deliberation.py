@@ -35,11 +35,11 @@ from deliberation_env.core import features
 from deliberation_env.core.actions import FIRST_PEER_ACTION, Action, decode, num_actions
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
 from deliberation_env.core.config import DeliberationConfig
-from deliberation_env.core.consensus import plurality, support
+from deliberation_env.core.consensus import plurality
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
 from deliberation_env.core.roles import role_indices, role_task
 from deliberation_env.core.seeds import request_seed, stream_seed
-from deliberation_env.core.tools import ANSWERING_TOOLS, program_of, run_messages
+from deliberation_env.core.tools import TOOLS, Tool, is_tool_kind
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class AgentState:
     confidence_source: str = "none"
     profile: tuple[float, ...] = (0.0,) * len(features.PROFILE_FEATURES)
     signals: features.CompletionSignals = features.NO_SIGNALS
-    """The raw signals of its latest completion (kept with ``features="v2"``; a CONCEDE takes its target's)."""
+    """The raw signals of its latest completion (kept under a feature set that needs log-probabilities, as ``v2``;
+    a CONCEDE takes its target's)."""
     tool_ran: bool = False
     """Its role's tool (``core.tools``) read an answer off its latest solution's program output."""
     tool_agrees: bool = False
@@ -136,17 +137,22 @@ class Deliberation:
         ``start`` or ``begin_round``), in order: what the agents' ``step_tokens`` are made of (traces read it)."""
         count = config.num_agents
         self._peers = [[(agent + offset) % count for offset in range(1, count)] for agent in range(count)]
-        self._signals = config.features != "v1"
-        self._roles = role_indices(config.roles, count) if config.features == "v3" else None
+        blocks = features.lineage(config.features)
+        self._signals = any(block.logprobs for block in blocks)
+        self.role_of = role_indices(config.roles, count) if any(block.roles for block in blocks) else None
+        """Each agent's role index, for a feature set that needs roles (``core.features.TeamView``); else None."""
+        starts = list(itertools.accumulate((len(block.columns) for block in blocks), initial=0))
+        self._fills = [(start, stop, block.fill) for start, stop, block in zip(starts, starts[1:], blocks)]
         roles = config.roles or [None] * count
         self._tasks = [role_task(task, role) for role in roles]
         """Each agent's view of the task: its role's prompt style (the critic uses ``task``'s own prompts)."""
-        self._tools = [None if role is None else role.tool for role in roles]
+        self._tools: list[Tool | None] = [None if role is None or role.tool is None else TOOLS[role.tool]
+                                          for role in roles]
         self._temperatures = [config.temperature if role is None or role.temperature is None else role.temperature
                               for role in roles]
         self.num_actions = num_actions(count, config.concede_to_peer)
         """The width of an action mask: 3, plus one CONCEDE per peer with ``config.concede_to_peer``."""
-        self._width = features.num_features(config.features)
+        self._width = starts[-1]
 
     # ----------------------------------------------------------------- phases
     def start(self, problem: Problem, seed: int) -> None:
@@ -216,9 +222,10 @@ class Deliberation:
             runs = []
             for request, completion in zip(requests, completions):
                 self._absorb_solution(request.agent, completion)
-                if self._tools[request.agent] is not None and (program := program_of(completion.text)) is not None:
-                    runs.append(self._request(request.agent, run_messages(program), "run"))
-                    self._solutions[request.agent] = completion  # read once the program's output is in
+                tool = self._tools[request.agent]
+                if tool is not None and (messages := tool.request(completion.text)) is not None:
+                    runs.append(self._request(request.agent, messages, tool.kind))
+                    self._solutions[request.agent] = completion  # read once the tool's output is in
                 else:
                     self._read_answer(request.agent, completion)
             if runs:
@@ -366,28 +373,16 @@ class Deliberation:
         return Action.REFINE
 
     def feature_matrix(self) -> np.ndarray:
-        """One row of the config's feature set per agent (float32, shape (N, F); ``core.features``)."""
-        answers = [a.answer for a in self.agents]
-        consensus = self.consensus()
-        supports = support(answers)
+        """One row of the config's feature set per agent (float32, shape (N, F)): each declaration of the set's
+        lineage fills its own columns (``core.features``)."""
         rows = np.zeros((len(self.agents), self._width), dtype=np.float32)
-        for i, agent in enumerate(self.agents):
-            row = rows[i]
-            row[0] = agent.answer is not None
-            row[1] = supports[i]
-            row[2] = agent.answer is not None and agent.answer == consensus
-            row[3] = agent.confidence
-            row[features.PROFILE_OFFSET : features.ACTION_OFFSET] = agent.profile
-            row[features.ACTION_OFFSET + (0 if agent.last_action is None else 1 + agent.last_action)] = 1.0
-            if self._signals:
-                target = self.concede_target(i)
-                row[features.SIGNAL_OFFSET : features.ROLE_OFFSET - 1] = agent.signals.row()
-                row[features.ROLE_OFFSET - 1] = target is not None and self.agents[target].answer == consensus
-            if self._roles is not None:
-                row[features.ROLE_OFFSET + self._roles[i]] = 1.0
-                row[features.TOOL_OFFSET : features.TOOL_OFFSET + 2] = agent.tool_ran, agent.tool_agrees
-        rows[:, features.NUM_FEATURES - 1] = self.round / self.config.max_rounds
+        for start, stop, fill in self._fills:
+            fill(self, rows[:, start:stop])
         return rows
+
+    @property
+    def max_rounds(self) -> int:
+        return self.config.max_rounds
 
     def peer_indices(self, agent: int) -> list[int]:
         """Peers in a fixed order relative to ``agent``: agent+1, agent+2, ... (cyclic)."""
@@ -424,10 +419,10 @@ class Deliberation:
         answers only the sampling settings of the envs it checked)."""
         if kind == "critic":
             return self.config.critic_max_tokens, self.config.critic_temperature
-        return self.config.max_tokens, 0.0 if kind == "run" else self._temperatures[agent]
+        return self.config.max_tokens, 0.0 if is_tool_kind(kind) else self._temperatures[agent]
 
     def _request(self, agent: int, messages, kind: RequestKind) -> Request:
-        critic, run = kind == "critic", kind == "run"
+        critic, generation = kind == "critic", kind in ("solve", "refine")
         config = self.config
         max_tokens, temperature = self.sampling(agent, kind)
         return Request(
@@ -438,7 +433,7 @@ class Deliberation:
             max_tokens=max_tokens,
             temperature=temperature,
             logprobs=critic and config.confidence == "critic",
-            token_logprobs=not critic and not run and (config.confidence == "answer_logprobs" or self._signals),
+            token_logprobs=generation and (config.confidence == "answer_logprobs" or self._signals),
             episode=self._episode,
             source=self._source,
             problem=self.problem.id if self.problem is not None else None,
@@ -502,7 +497,8 @@ class Deliberation:
         except Exception:  # an extractor bug must not crash the env on odd program output
             answer = None
         agent.tool_ran, agent.tool_agrees = answer is not None, answer is not None and answer == agent.answer
-        if answer is not None and self._tools[index] in ANSWERING_TOOLS:
+        tool = self._tools[index]
+        if answer is not None and tool is not None and tool.answers:
             agent.answer, agent.correct = answer, self.grade(answer)
 
     def _concede(self, index: int, source: AgentState) -> None:

@@ -1,9 +1,21 @@
-"""Agent states -> fixed-length float vectors: the observation contract.
+"""Agent states -> fixed-length float vectors: the observation contract, and the feature sets that declare it.
 
-Every agent is described by one row of floats, all in [0, 1]. The env option ``features`` picks the
-feature set (``FEATURE_SETS``): ``"v1"`` (the default, ``NUM_FEATURES`` = 16 columns), ``"v2"`` (v1's
-16 columns, then ``SIGNAL_FEATURES``: 7 read off the agent's latest completion and its concede target,
-23 in all) or ``"v3"`` (v2, then the agent's role and tool: 29). Each set begins with the columns of the one before.
+Every agent is described by one row of floats, all in [0, 1]. The env option ``features`` picks the feature set, a
+``FeatureSet`` registered in ``FEATURE_SETS``: its own columns (appended to those of the set it extends), the function
+that fills them, its version and what it needs from the core (token log-probabilities, the team's roles). Each built-in
+set begins with the columns of the one before:
+
+| features | F  | extends | adds                                                                    | needs    |
+|----------|----|---------|-------------------------------------------------------------------------|----------|
+| ``v1``   | 16 |         | answer schema, critic confidence, reasoning profile, last action, round |          |
+| ``v2``   | 23 | ``v1``  | signals of the latest completion and of the concede target              | logprobs |
+| ``v3``   | 29 | ``v2``  | the agent's role and its tool's verdict                                 | roles    |
+
+(``feature_set_table()`` writes this table from the declarations; ``tests/test_blocks.py`` checks it here, in
+``deliberation_env.env`` and in docs/reference.md.) A new feature set is one ``FeatureSet`` and one
+``register_feature_set`` call, in its own module or in the user's code (docs/reference.md, "Adding a feature set").
+
+v1's columns (``FEATURES``):
 
 | index | name              | meaning                                                             |
 |-------|-------------------|---------------------------------------------------------------------|
@@ -11,24 +23,24 @@ feature set (``FEATURE_SETS``): ``"v1"`` (the default, ``NUM_FEATURES`` = 16 col
 | 1     | support           | fraction of all agents holding the same answer (decision schema)    |
 | 2     | in_consensus      | 1 if its answer is the team's plurality answer (decision schema)    |
 | 3     | confidence        | introspective confidence from the critic call                       |
-| 4-10  | profile           | reasoning profile, see ``PROFILE_FEATURES``                          |
-| 11-14 | last_action       | one-hot: none (round 0), PERSIST, REFINE, CONCEDE                    |
+| 4-10  | profile_*         | reasoning profile, see ``PROFILE_FEATURES``                          |
+| 11-14 | last_*            | one-hot: none (round 0), PERSIST, REFINE, CONCEDE                    |
 | 15    | round             | rounds played / max_rounds                                          |
 
 The reasoning profile (``z_prof``) is read off the agent's latest text:
 
-| index | name            | meaning                                                      |
-|-------|-----------------|--------------------------------------------------------------|
-| 0     | steps           | non-empty lines / 10, capped at 1                            |
-| 1     | length          | completion tokens / max_tokens, capped at 1                  |
-| 2     | equations       | '=' signs / 10, capped at 1                                  |
-| 3     | checked         | 1 if it says it checked or verified its work                 |
-| 4     | hedged          | 1 if it hedges ("not sure", "maybe", "I think", ...)         |
-| 5     | revisions       | times this agent has refined / max_rounds                    |
-| 6     | changed         | 1 if its answer changed at its latest update                 |
+| profile | name      | meaning                                              |
+|---------|-----------|------------------------------------------------------|
+| 0       | steps     | non-empty lines / 10, capped at 1                    |
+| 1       | length    | completion tokens / max_tokens, capped at 1          |
+| 2       | equations | '=' signs / 10, capped at 1                          |
+| 3       | checked   | 1 if it says it checked or verified its work         |
+| 4       | hedged    | 1 if it hedges ("not sure", "maybe", "I think", ...) |
+| 5       | revisions | times this agent has refined / max_rounds            |
+| 6       | changed   | 1 if its answer changed at its latest update         |
 
-``features="v2"`` appends these (the completion is the latest solution or refinement the agent holds; a
-CONCEDE takes its target's). The core then asks the backend for every generated token's log-probability.
+``features="v2"`` appends these (``SIGNAL_FEATURES``; the completion is the latest solution or refinement the agent
+holds; a CONCEDE takes its target's). The core then asks the backend for every generated token's log-probability.
 
 | index | name                | meaning                                                           | neutral |
 |-------|---------------------|-------------------------------------------------------------------|---------|
@@ -50,7 +62,7 @@ where it printed one (``core.tools``), so its ``answer_prob`` and ``answer_repea
 
 | index | name        | meaning                                                                             |
 |-------|-------------|-------------------------------------------------------------------------------------|
-| 23-26 | role        | one-hot: the agent's role, numbered by first appearance in ``roles`` (a homogeneous |
+| 23-26 | role_*      | one-hot: the agent's role, numbered by first appearance in ``roles`` (a homogeneous |
 |       |             | team: role_0 for every agent)                                                       |
 | 27    | tool_ran    | 1 if its role's tool read an answer off its latest solution (``core.tools``: the    |
 |       |             | program ran and printed one); 0 without a tool                                      |
@@ -69,10 +81,15 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
 
 from deliberation_env.backends.base import Completion
 from deliberation_env.core.confidence import answer_logprob, well_formed_logprobs
+from deliberation_env.core.consensus import support
 from deliberation_env.core.roles import MAX_ROLES
 
 PROFILE_FEATURES = ("steps", "length", "equations", "checked", "hedged", "revisions", "changed")
@@ -97,14 +114,11 @@ SIGNAL_FEATURES = ("logprobs", "answer_prob", "stopped", "answer_repeats", "equa
 """v2's columns after v1's (see the table above)."""
 ROLE_FEATURES = (*(f"role_{k}" for k in range(MAX_ROLES)), "tool_ran", "tool_agrees")
 """v3's columns after v2's (see the table above)."""
-FEATURE_SETS: dict[str, tuple[str, ...]] = {"v1": FEATURES, "v2": FEATURES + SIGNAL_FEATURES,
-                                            "v3": FEATURES + SIGNAL_FEATURES + ROLE_FEATURES}
-"""Feature set name -> its column names, in order."""
 FEATURE_FORMAT = 2
-"""The version of the columns' computation: bump when a column's computation changes, so that what was fitted or
-compiled on older observations (a policy checkpoint records it) can tell. 1: the first sets; 2: a program-aided
-agent's ``answer_prob`` and ``answer_repeats`` (and its ``answer_logprobs`` confidence) read the answer its program
-printed, not its text's."""
+"""The version of the built-in sets' computation (the highest ``FeatureSet.version`` among them): what a policy
+checkpoint records, so that what was fitted or compiled on older observations can tell. 1: the first sets; 2: a
+program-aided agent's ``answer_prob`` and ``answer_repeats`` (and its ``answer_logprobs`` confidence) read the answer
+its program printed, not its text's."""
 SIGNAL_OFFSET = NUM_FEATURES
 ROLE_OFFSET = SIGNAL_OFFSET + len(SIGNAL_FEATURES)
 TOOL_OFFSET = ROLE_OFFSET + MAX_ROLES
@@ -129,17 +143,147 @@ def text_profile(text: str) -> tuple[float, float, float, float]:
     )
 
 
+class AgentView(Protocol):
+    """What a feature set reads of one agent (``core.deliberation.AgentState``)."""
+
+    @property
+    def answer(self) -> str | None: ...
+
+    @property
+    def confidence(self) -> float: ...
+
+    @property
+    def profile(self) -> tuple[float, ...]: ...
+
+    @property
+    def last_action(self) -> int | None: ...
+
+    @property
+    def signals(self) -> CompletionSignals: ...
+
+    @property
+    def tool_ran(self) -> bool: ...
+
+    @property
+    def tool_agrees(self) -> bool: ...
+
+
+class TeamView(Protocol):
+    """What a feature set reads of the team (``core.deliberation.Deliberation``): the agents now, the round, the
+    config, the derived consensus and concede targets, and each agent's role index (None unless the set needs roles)."""
+
+    @property
+    def agents(self) -> Sequence[AgentView]: ...
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def max_rounds(self) -> int: ...
+
+    @property
+    def role_of(self) -> Sequence[int] | None: ...
+
+    def consensus(self) -> str | None: ...
+
+    def concede_target(self, agent: int) -> int | None: ...
+
+
+Fill = Callable[[TeamView, np.ndarray], None]
+"""Fills a feature set's own columns: ``fill(team, rows)`` writes ``rows``, a zeroed float32 (N, own columns) view,
+one row per agent, every value in [0, 1]."""
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    """One feature set: its own columns (after those of the set it ``extends``), the function that fills them, the
+    version of that computation and what it needs from the core. Register it with ``register_feature_set``."""
+
+    name: str
+    columns: tuple[str, ...]
+    """Its own column names, in order, appended to the columns of ``extends``."""
+    fill: Fill
+    extends: str | None = None
+    """The registered set whose columns come first (None: these are all its columns)."""
+    version: int = 1
+    """Bump when the computation of its columns changes (``FEATURE_FORMAT`` is the built-in sets' highest)."""
+    logprobs: bool = False
+    """Needs the log-probability of every generated token: solutions and refinements ask for them, and the core keeps
+    each agent's ``CompletionSignals`` (``AgentView.signals``)."""
+    roles: bool = False
+    """Reads each agent's role index (``TeamView.role_of``; the core checks the roles against ``MAX_ROLES``)."""
+    summary: str = ""
+    """What its columns add, in a few words (``feature_set_table``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a feature set's name must be a non-empty str, got {self.name!r}")
+        columns = tuple(self.columns)
+        if not columns or not all(isinstance(c, str) and c for c in columns) or len(set(columns)) != len(columns):
+            raise ValueError(f"feature set {self.name!r}: columns must be distinct non-empty strs, got {self.columns!r}")
+        object.__setattr__(self, "columns", columns)
+        if not callable(self.fill):
+            raise TypeError(f"feature set {self.name!r}: fill must be a callable (team, rows) -> None")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"feature set {self.name!r}: version must be an int >= 1, got {self.version!r}")
+
+
+FEATURE_SETS: dict[str, FeatureSet] = {}
+"""Feature set name -> its declaration (``register_feature_set`` adds one)."""
+
+
+def register_feature_set(feature_set: FeatureSet, *, overwrite: bool = False) -> FeatureSet:
+    """Make ``feature_set`` a value of the env option ``features``; returns it."""
+    if feature_set.name in FEATURE_SETS and not overwrite:
+        raise ValueError(f"feature set {feature_set.name!r} is already registered; pass overwrite=True to replace it")
+    if feature_set.extends is not None:
+        inherited = feature_names(feature_set.extends)
+        clash = sorted(set(inherited) & set(feature_set.columns))
+        if clash:
+            raise ValueError(f"feature set {feature_set.name!r} repeats columns of {feature_set.extends!r}: {clash}")
+    FEATURE_SETS[feature_set.name] = feature_set
+    return feature_set
+
+
+def lineage(feature_set: str = "v1") -> tuple[FeatureSet, ...]:
+    """The declarations whose columns make up a feature set's row, in column order (the root first); ValueError for
+    an unknown name."""
+    chain: list[FeatureSet] = []
+    name: str | None = feature_set
+    while name is not None:
+        try:
+            declaration = FEATURE_SETS[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"features must be one of {tuple(FEATURE_SETS)}, got {feature_set!r}") from None
+        chain.append(declaration)
+        name = declaration.extends
+    return tuple(reversed(chain))
+
+
 def feature_names(feature_set: str = "v1") -> tuple[str, ...]:
     """The column names of a feature set (``FEATURE_SETS``); ValueError for an unknown one."""
-    try:
-        return FEATURE_SETS[feature_set]
-    except (KeyError, TypeError):
-        raise ValueError(f"features must be one of {tuple(FEATURE_SETS)}, got {feature_set!r}") from None
+    return tuple(column for declaration in lineage(feature_set) for column in declaration.columns)
 
 
 def num_features(feature_set: str = "v1") -> int:
     """The width F of one agent's row under a feature set."""
     return len(feature_names(feature_set))
+
+
+def feature_set_table(names: Sequence[str] | None = None) -> str:
+    """The markdown table of feature sets (name, width, the set it extends, what it adds, what it needs), written from
+    their declarations: the docstrings and docs show it (``names``: these sets; default: every registered one)."""
+    rows = [("features", "F", "extends", "adds", "needs")]
+    for name in FEATURE_SETS if names is None else names:
+        declaration = FEATURE_SETS[name]
+        needs = [need for need, flag in (("logprobs", declaration.logprobs), ("roles", declaration.roles)) if flag]
+        rows.append((f"``{name}``", str(num_features(name)),
+                     "" if declaration.extends is None else f"``{declaration.extends}``", declaration.summary,
+                     ", ".join(needs)))
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -229,3 +373,44 @@ def evaluate(expression: str) -> float | None:
             terms.append(-value if pending == "-" else value)
         pending = operator
     return sum(terms)
+
+
+_LAST_ACTION = {None: (1.0, 0.0, 0.0, 0.0), 0: (0.0, 1.0, 0.0, 0.0), 1: (0.0, 0.0, 1.0, 0.0), 2: (0.0, 0.0, 0.0, 1.0)}
+"""The one-hot ``last_*`` columns of each last action (none in round 0; PERSIST, REFINE, CONCEDE)."""
+_ROLE = [tuple(float(k == role) for k in range(MAX_ROLES)) for role in range(MAX_ROLES)]
+"""The one-hot ``role_*`` columns of each role index."""
+
+
+# Each fill builds its rows in Python and writes the block in one assignment: several times faster than writing
+# cell by cell (feature_matrix runs at every reset and step).
+def _fill_v1(team: TeamView, rows: np.ndarray) -> None:
+    consensus = team.consensus()
+    agents = team.agents
+    supports = support([agent.answer for agent in agents])
+    progress = team.round / team.max_rounds
+    rows[:] = [(agent.answer is not None, supports[i], agent.answer is not None and agent.answer == consensus,
+                agent.confidence, *agent.profile, *_LAST_ACTION[agent.last_action], progress)
+               for i, agent in enumerate(agents)]
+
+
+def _fill_signals(team: TeamView, rows: np.ndarray) -> None:
+    consensus = team.consensus()
+    agents = team.agents
+    targets = [team.concede_target(i) for i in range(len(agents))]
+    rows[:] = [(*agent.signals.row(), target is not None and agents[target].answer == consensus)
+               for agent, target in zip(agents, targets)]
+
+
+def _fill_roles(team: TeamView, rows: np.ndarray) -> None:
+    roles = team.role_of
+    assert roles is not None  # the core gives role indices to a set that needs roles
+    rows[:] = [(*_ROLE[role], agent.tool_ran, agent.tool_agrees) for agent, role in zip(team.agents, roles)]
+
+
+register_feature_set(FeatureSet("v1", FEATURES, _fill_v1, version=1,
+                                summary="answer schema, critic confidence, reasoning profile, last action, round"))
+register_feature_set(FeatureSet("v2", SIGNAL_FEATURES, _fill_signals, extends="v1", version=2, logprobs=True,
+                                summary="signals of the latest completion and of the concede target"))
+register_feature_set(FeatureSet("v3", ROLE_FEATURES, _fill_roles, extends="v2", version=2, roles=True,
+                                summary="the agent's role and its tool's verdict"))
+BUILT_IN_FEATURE_SETS = ("v1", "v2", "v3")

@@ -52,7 +52,8 @@ class Role:
                                   or not 0.0 <= value <= 5.0):
             raise ValueError(f"role {self.name!r}: temperature must be a number in [0, 5] or None, got {value!r}")
         if self.tool is not None and self.tool not in TOOLS:
-            raise ValueError(f"role {self.name!r}: tool must be one of {TOOLS} or None, got {self.tool!r}")
+            raise ValueError(f"role {self.name!r}: tool must be one of {tuple(TOOLS)} or None, got {self.tool!r} "
+                             "(core.tools.register_tool adds one)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

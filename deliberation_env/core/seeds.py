@@ -11,7 +11,11 @@ import hashlib
 
 from deliberation_env.backends.base import RequestKind
 
-KIND_IDS: dict[str, int] = {"solve": 1, "refine": 2, "critic": 3, "run": 4}
+AGENT_KINDS = ("solve", "refine", "critic")
+"""The request kinds an agent's model answers; a tool adds its own (``core.tools.register_tool``)."""
+KIND_IDS: dict[str, int] = {"solve": 1, "refine": 2, "critic": 3}
+"""Request kind -> the number mixed into its requests' seeds (part of every recorded request's identity: never
+change one)."""
 REQUEST_FORMAT = 2
 """The version of how requests are derived from an episode (seeds, kinds, rounds). Bump it with any change that
 makes the same episode ask for other requests: recorded replay sets store it and refuse to load under another.
@@ -37,6 +41,21 @@ def problem_key(problem_id: str) -> int:
 def request_seed(episode_seed: int, round_: int, agent: int, kind: RequestKind) -> int:
     """The seed of one request of an episode: its round, agent and kind mixed into the episode's seed."""
     return mix_seed(episode_seed, round_, agent, KIND_IDS[kind])
+
+
+def register_kind(kind: str, kind_id: int | None = None) -> int:
+    """Give a tool's request kind its number in request seeds (``kind_id``, or a stable hash of the kind's name);
+    registering a kind again with the same number is a no-op. Returns the number."""
+    number = problem_key(f"request kind {kind}") if kind_id is None else kind_id
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"request kind {kind!r}: its number must be an int >= 1, got {kind_id!r}")
+    if KIND_IDS.get(kind, number) != number:
+        raise ValueError(f"request kind {kind!r} is already numbered {KIND_IDS[kind]} in request seeds, not {number}")
+    taken = next((other for other, value in KIND_IDS.items() if value == number and other != kind), None)
+    if taken is not None:
+        raise ValueError(f"request kind {kind!r}: number {number} already belongs to kind {taken!r}")
+    KIND_IDS[kind] = number
+    return number
 
 
 def mix_seed(*parts: int) -> int:

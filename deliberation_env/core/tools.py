@@ -1,28 +1,102 @@
-"""Tools an agent's role may use (``Role.tool``): what the core asks for and how it reads the answer.
+"""Tools an agent's role may use (``Role.tool``): each one registered object that says what the core asks of it,
+how it runs and how the core reads what it returns.
 
-| tool         | after each of the agent's solutions and refinements                                         |
-|--------------|----------------------------------------------------------------------------------------------|
-| python       | the solution's last Python code block is run (a ``run`` request, answered in the sandbox by   |
-|              | ``backends.tools.PythonTool``); what the program prints, read by the task's answer extractor, |
-|              | becomes the agent's answer, else its text's answer stands                                   |
-| python_check | the same run, but the text's answer always stands: the program only checks it (an external  |
-|              | verifier; ``tool_agrees`` says whether the program printed the text's answer)               |
+| tool         | after each of the agent's solutions and refinements                                          |
+|--------------|-----------------------------------------------------------------------------------------------|
+| python       | the solution's last Python code block is run (a ``run`` request, answered in the sandbox,      |
+|              | ``deliberation_env.sandbox``); what the program prints, read by the task's answer extractor,  |
+|              | becomes the agent's answer, else its text's answer stands                                    |
+| python_check | the same run, but the text's answer always stands: the program only checks it (an external   |
+|              | verifier; ``tool_agrees`` says whether the program printed the text's answer)                |
 
-A ``run`` request carries the program as its one message; its completion's text is the program's output
-(empty when it failed). Like every completion it is recorded in replay sets, so a replayed program-aided team
-runs no code.
+A tool is a ``Tool`` registered with ``register_tool``:
+
+- ``kind``: the request kind of its runs. After a solution or refinement of an agent whose role has the tool, the core
+  asks for one such request where ``request(text)`` gives its messages (greedy, ``max_tokens`` of the config, no
+  log-probabilities); ``kind_id`` mixes the kind into the request's seed (``core.seeds``; default: a stable hash of
+  the kind's name).
+- ``run(requests)``: answers a batch of its requests, one ``Completion`` each whose text is the tool's output (empty
+  when it failed). The request grouper (``backends.grouping``) sends every request of the kind here, unless the
+  agent's backend answers tool requests itself (``answers_tools``: a replay backend serves the recorded runs).
+- ``answers``: whether the answer the task's extractor reads off the output replaces the agent's answer (else it only
+  checks it: ``tool_agrees``); ``tool_ran`` is 1 when the output holds an answer.
+
+Its completions are recorded in replay sets like every completion (messages, seed and sampling are the key), so a
+replayed team runs no tool. Tools of one kind share its runs (``python`` and ``python_check`` run the same
+program; they differ in ``answers``). A new tool is one subclass and one ``register_tool`` call (docs/reference.md,
+"Adding a tool").
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
+from deliberation_env.backends.base import Completion, Request
 from deliberation_env.chat import Message
+from deliberation_env.core.seeds import AGENT_KINDS, register_kind
 
-TOOLS = ("python", "python_check")
-ANSWERING_TOOLS = ("python",)
-"""Tools whose program output replaces the agent's answer (the others only check it)."""
+OUTPUT_CHARS = 2000
+"""The end of a program's output that is kept (its answer is on its last lines)."""
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+class Tool:
+    """A tool (see the module docstring): set ``name``, ``kind`` and ``answers``, define ``request`` and ``run``."""
+
+    name: str
+    kind: str
+    answers: bool = False
+    kind_id: int | None = None
+    """The kind's number in request seeds; None: a stable hash of the kind's name."""
+
+    def request(self, text: str) -> tuple[Message, ...] | None:
+        """The messages of the run that a solution's ``text`` asks for, or None: nothing to run."""
+        raise NotImplementedError
+
+    def run(self, requests: Sequence[Request]) -> list[Completion]:
+        """Answer a batch of this tool's requests, in order (the completion's text is the tool's output)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r}, answers={self.answers})"
+
+
+TOOLS: dict[str, Tool] = {}
+"""Tool name (``Role.tool``) -> the registered tool."""
+_RUNNERS: dict[str, Tool] = {}
+"""Request kind -> the tool that runs its requests (the first one registered with that kind)."""
+
+
+def register_tool(tool: Tool, *, overwrite: bool = False) -> Tool:
+    """Make ``tool`` a value of ``Role.tool`` and its kind a request kind; returns it."""
+    name, kind = getattr(tool, "name", None), getattr(tool, "kind", None)
+    if not isinstance(name, str) or not name or not isinstance(kind, str) or not kind:
+        raise ValueError(f"a tool needs a non-empty str name and kind, got name={name!r}, kind={kind!r}")
+    if kind in AGENT_KINDS:
+        raise ValueError(f"tool {name!r}: kind {kind!r} is an agent's request kind; name its own kind")
+    if name in TOOLS and not overwrite:
+        raise ValueError(f"tool {name!r} is already registered; pass overwrite=True to replace it")
+    register_kind(kind, tool.kind_id)
+    TOOLS[name] = tool
+    if overwrite or kind not in _RUNNERS:
+        _RUNNERS[kind] = tool
+    return tool
+
+
+def tool_runner(kind: str) -> Tool | None:
+    """The tool that runs requests of ``kind``, or None for an agent's kind (solve, refine, critic)."""
+    return _RUNNERS.get(kind)
+
+
+def is_tool_kind(kind: str) -> bool:
+    """Whether ``kind`` is a tool's request kind (its requests never reach an agent's model)."""
+    return kind in _RUNNERS
+
+
+def request_kinds() -> tuple[str, ...]:
+    """Every request kind: the agents' (solve, refine, critic), then the registered tools' kinds."""
+    return (*AGENT_KINDS, *_RUNNERS)
 
 
 def program_of(text: str) -> str | None:
@@ -31,6 +105,29 @@ def program_of(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def run_messages(program: str) -> tuple[Message, ...]:
-    """A ``run`` request's messages: the program alone."""
-    return (Message("user", program),)
+class PythonTool(Tool):
+    """Runs the solution's last code block in the code sandbox (isolated, time and memory limited; no isolation, no
+    run); its completion is the end of what the program printed, "" when it failed. A run costs no tokens."""
+
+    kind = "run"
+    kind_id = 4
+
+    def __init__(self, name: str, answers: bool, timeout: float = 5.0, memory_mb: int = 512, workers: int = 2):
+        self.name, self.answers = name, answers
+        self.timeout, self.memory_mb, self.workers = timeout, memory_mb, workers
+
+    def request(self, text: str) -> tuple[Message, ...] | None:
+        program = program_of(text)
+        return None if program is None else (Message("user", program),)
+
+    def run(self, requests: Sequence[Request]) -> list[Completion]:
+        from deliberation_env.sandbox.runner import run_many
+
+        results = run_many([request.messages[-1].content for request in requests], workers=self.workers,
+                           timeout=self.timeout, memory_mb=self.memory_mb)
+        return [Completion(result.stdout[-OUTPUT_CHARS:] if result.passed else "", 0, 0,
+                           finish_reason="stop" if result.passed else "error") for result in results]
+
+
+register_tool(PythonTool("python", answers=True))
+register_tool(PythonTool("python_check", answers=False))

@@ -23,11 +23,12 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast, get_args
+from typing import Any, cast
 
-from deliberation_env.backends.base import Backend, Completion, Request, RequestKind
+from deliberation_env.backends.base import Backend, Completion, Request
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import request_seed, stream_seed
+from deliberation_env.core.tools import request_kinds
 from deliberation_env.replay.dataset import (
     ReplayError,
     ReplaySet,
@@ -65,6 +66,10 @@ class Binding:
 
 class ReplayBackend:
     """Answers requests from a replay set; see the module docstring."""
+
+    answers_tools = True
+    """It answers a program-aided role's runs from their records too: the request grouper sends it a tool's requests
+    instead of running the tool (``core.tools``), so a replayed team runs no code."""
 
     def __init__(self, dataset: str | os.PathLike[str] | ReplaySet, fallback: Backend | None = None,
                  write_back: bool = False, fallback_model: str | None = None):
@@ -106,7 +111,7 @@ class ReplayBackend:
         problems = self.set.check(task, config, split)
         core = Deliberation(task, config)
         self._admitted.update((kind, *core.sampling(agent, kind)) for agent in range(config.num_agents)
-                              for kind in get_args(RequestKind))
+                              for kind in request_kinds())
         self._splits.update((problem.id, task_split(card, split)) for problem in problems)
         return Binding(split, problems, streams, card.request_format)
 

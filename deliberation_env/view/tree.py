@@ -18,7 +18,7 @@ from typing import Any
 
 from deliberation_env.core.actions import FIRST_PEER_ACTION, action_name
 from deliberation_env.core.deliberation import AgentState
-from deliberation_env.core.tools import program_of
+from deliberation_env.core.tools import TOOLS
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay.dataset import ReplaySet
@@ -179,10 +179,12 @@ class _Walk:
 
     def view(self, state: AgentState, problem: str, round_: int, agent: int) -> AgentView:
         role = self.roles[agent]
-        program = program_of(state.text) if role is not None and role.tool is not None else None
+        tool = None if role is None or role.tool is None else TOOLS[role.tool]
+        run = None if tool is None else tool.request(state.text)
+        program = None if run is None else run[-1].content
         return AgentView(state.text, state.answer, bool(state.correct), float(state.confidence),
                          state.confidence_source, bool(state.tool_ran), bool(state.tool_agrees), program,
-                         self.recorded(problem, round_, agent, "run") if program is not None else None)
+                         None if tool is None or run is None else self.recorded(problem, round_, agent, tool.kind))
 
     def on_step(self, step: Step) -> None:
         position, j = divmod(step.episode, len(self.joints))
