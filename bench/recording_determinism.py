@@ -104,13 +104,14 @@ def main(argv=None) -> None:
     seconds: dict[str, float] = {}
     ways = [("batched", 16, False), ("batched again", 16, False), ("restarted", 16, False),
             ("one by one", 16, True), ("1 slot", 1, False), ("1 slot again", 1, False)]
-    server = None
+    server, port = None, args.port
     for name, slots, one_by_one in ways:
         fresh = name in ("batched", "restarted", "1 slot", "1 slot again")
         if fresh:
             if server is not None:
                 server.__exit__()
-            server = Server(args.model, slots, args.port, args.server)
+            server = Server(args.model, slots, port, args.server)
+            port += 1  # the stopped server may hold its port a moment longer
             model = server.name
         texts[name], seconds[name] = answer(server.backend(), requests, one_by_one)
         print(f"{name}: {seconds[name]:.0f} s", flush=True)
