@@ -20,6 +20,7 @@ from _results import save_markdown
 
 from deliberation_env.analysis.compare import replay_comparison
 from deliberation_env.cli import ArgumentParser
+from deliberation_env.make import parallel_env
 
 VARIANTS = {
     "fitted (spread and level offsets)": {},
@@ -38,7 +39,7 @@ def main() -> None:
         for name, fixed in VARIANTS.items():
             for seeds in args.seeds:
                 out = os.path.join(scratch, f"{len(rows)}")
-                replay_comparison(args.replay, out, seeds=seeds, fixed=fixed)
+                replay_comparison(args.replay, out, seeds=seeds, fixed=fixed, make_env=parallel_env)
                 with open(os.path.join(out, "report.json"), encoding="utf-8") as file:
                     result = json.load(file)
                 low, high = result["spearman_bootstrap_95"]

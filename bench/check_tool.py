@@ -22,7 +22,8 @@ from deliberation_env.analysis.metrics import clustered_auroc, wilson_interval
 from deliberation_env.backends.tools import OUTPUT_CHARS
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.tools import program_of
-from deliberation_env.replay import ReplayError, ReplaySet, replay_env
+from deliberation_env.make import replay_env
+from deliberation_env.replay import ReplayError, ReplaySet
 from deliberation_env.sandbox.runner import run_many
 from deliberation_env.tasks.base import Task
 

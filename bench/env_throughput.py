@@ -76,7 +76,8 @@ def main() -> None:
 
 
 def compare_replay(name: str, seconds: float) -> None:
-    from deliberation_env.replay import ReplaySet, replay_env
+    from deliberation_env.make import replay_env
+    from deliberation_env.replay import ReplaySet
 
     dataset = ReplaySet(name)
     card = dataset.card

@@ -45,8 +45,9 @@ from deliberation_env.analysis.metrics import auroc, clustered_auroc, hierarchic
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
 from deliberation_env.core.consensus import support
+from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplaySet
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
 PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")

@@ -25,7 +25,8 @@ import replay_benchmark
 from _results import RESULTS
 
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.replay import ReplayError, ReplaySet, replay_env, shipped
+from deliberation_env.make import replay_env
+from deliberation_env.replay import ReplayError, ReplaySet, shipped
 
 CELLS = {"v1": {"features": "v1"}, "v2": {"features": "v2"},
          "chosen-v3": {"features": "v3", "concede_to_peer": True}}

@@ -40,8 +40,9 @@ from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.core.features import FEATURE_SETS
 from deliberation_env.env import DeliberationEnv
+from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
-from deliberation_env.replay import ReplaySet, env_settings, replay_env
+from deliberation_env.replay import ReplaySet, env_settings
 
 
 def problem_range(text: str) -> range:

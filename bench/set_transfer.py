@@ -26,7 +26,8 @@ from baselines.meta.evaluate import PolicyActor
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
-from deliberation_env.replay import ReplayError, ReplaySet, replay_env
+from deliberation_env.make import replay_env
+from deliberation_env.replay import ReplayError, ReplaySet
 
 
 def layout(dataset: ReplaySet, env_options: dict) -> tuple:

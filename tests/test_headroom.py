@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplaySet
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 from tests.test_replay import SIM_FLAGS
 
