@@ -156,7 +156,7 @@ def test_the_graph_sees_lazy_package_and_module_imports(graph):
     assert "deliberation_env.core.features" in env  # from deliberation_env.core import features: the module
     assert "deliberation_env.analysis.traces" in graph["deliberation_env.make"]  # imported inside a function
     assert "deliberation_env.registry" in graph["deliberation_env"]  # from a package import a name: its __init__
-    assert "deliberation_env.make" in graph["deliberation_env.replay"]  # the __init__'s own (lazy) imports
+    assert "deliberation_env.make" in graph["deliberation_env.analysis.calibrate"]  # inside the program's main
 
 
 def test_relative_imports_resolve_against_the_importer():
@@ -206,31 +206,21 @@ def test_no_module_imports_another_modules_private_names():
 
 
 LAYERS = {"env": "deliberation_env.env", "replay": "deliberation_env.replay", "analysis": "deliberation_env.analysis"}
-"""Modules whose imports go one way only: the env imports replay (binding a replay backend), analysis imports the
-env's factories (``make``), and neither is imported back."""
+"""Modules whose imports go one way only: the env imports replay (binding a replay backend); analysis takes an env
+factory as an argument; neither is imported back."""
+FACTORIES = "deliberation_env.make"
+"""``parallel_env`` and ``replay_env``: above the env, replay and analysis (``trace=`` wraps the env in
+``analysis.traces.TraceWrapper``)."""
+FACTORY_CALLERS_IN_ANALYSIS = frozenset({"deliberation_env.analysis.calibrate"})
+"""The program of analysis: its ``main`` picks the factory (``parallel_env``) that the rest of analysis takes."""
 
 
-def alias_edges() -> set[tuple[str, str]]:
-    """(module, target) of imports inside a module-level ``__getattr__``: a name re-exported under its old path
-    (PEP 562), resolved on use; the module's own code never runs the target's."""
-    files = {module_name(path): path for package in PACKAGES for path in python_files(package)}
-    edges = set()
-    for module, path in files.items():
-        for function in parse(path).body:
-            if isinstance(function, ast.FunctionDef) and function.name == "__getattr__":
-                for node in ast.walk(function):
-                    if isinstance(node, (ast.Import, ast.ImportFrom)):
-                        names = imported_modules(node, module, path.name == "__init__.py", set(files))
-                        edges |= {(module, owning_module(name, set(files)) or name) for name in names}
-    return edges
-
-
-def reachable(graph: dict[str, set[str]], start: set[str], skip: set[tuple[str, str]]) -> set[str]:
+def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
     seen, todo = set(start), list(start)
     while todo:
         module = todo.pop()
         for target in graph.get(module, ()):
-            if (module, target) not in skip and target not in seen:
+            if target not in seen:
                 seen.add(target)
                 todo.append(target)
     return seen
@@ -241,15 +231,27 @@ def in_layer(module: str, prefix: str) -> bool:
 
 
 def test_env_replay_and_analysis_import_each_other_one_way_only(graph):
-    """No two of env, replay and analysis reach each other both ways (directly or through other modules);
-    ``replay.replay_env``, an alias of ``make.replay_env`` for old imports, is the one edge left out."""
-    skip = alias_edges()
-    assert ("deliberation_env.replay", "deliberation_env.make") in skip  # the alias is seen, and named here
-    reach = {name: reachable(graph, {m for m in graph if in_layer(m, prefix)}, skip) for name, prefix in LAYERS.items()}
+    """No two of env, replay and analysis reach each other both ways (directly or through other modules), with no
+    edge left out: no alias re-exports a name from a layer above (``replay_env`` lives in ``make`` alone)."""
+    below_the_program = {module: targets for module, targets in graph.items()
+                         if module not in FACTORY_CALLERS_IN_ANALYSIS}
+    reach = {name: reachable(below_the_program, {m for m in below_the_program if in_layer(m, prefix)})
+             for name, prefix in LAYERS.items()}
     two_way = [f"{a} <-> {b}" for a in LAYERS for b in LAYERS if a < b
                and any(in_layer(m, LAYERS[b]) for m in reach[a]) and any(in_layer(m, LAYERS[a]) for m in reach[b])]
     assert not two_way, "two-way imports: " + ", ".join(two_way)
     assert any(in_layer(m, LAYERS["replay"]) for m in graph["deliberation_env.env"])  # the one way that is used
+
+
+def test_the_factories_sit_above_env_replay_and_analysis(graph):
+    """No module of env, replay or analysis reaches ``make`` (analysis takes an env factory as an argument), but the
+    program ``analysis.calibrate``, which picks it; and no library module imports that program."""
+    reaching = sorted(module for module in graph if any(in_layer(module, prefix) for prefix in LAYERS.values())
+                      and module not in FACTORY_CALLERS_IN_ANALYSIS and FACTORIES in reachable(graph, {module}))
+    assert not reaching, f"modules below the factories that reach {FACTORIES}: {reaching}"
+    importers = sorted(module for module, targets in graph.items() if targets & FACTORY_CALLERS_IN_ANALYSIS)
+    assert not importers, f"the program analysis.calibrate is imported by {importers}"
+    assert FACTORIES in graph["deliberation_env.analysis.calibrate"]  # the rule sees the one that picks it
 
 
 def test_the_env_constructor_is_small():
@@ -269,7 +271,7 @@ def test_one_product_does_not_depend_on_the_other(graph, importer, banned):
     """The evaluation both products share never reaches the meta-policy trainer (its rollouts, its policy, its CLI),
     and neither does the LLM trainer: the LLM product does not depend on the meta product."""
     offenders = sorted(f"{module} -> {target}" for module in graph if module.startswith(importer)
-                       for target in reachable(graph, {module}, set()) if target.startswith(banned))
+                       for target in reachable(graph, {module}) if target.startswith(banned))
     assert not offenders, f"{importer} must not depend on {banned}: " + ", ".join(offenders)
 
 
@@ -376,6 +378,6 @@ def test_every_documented_entry_point_is_a_module_of_the_tree():
 def test_the_backend_protocol_knows_nothing_of_the_simulator_or_the_tasks(graph):
     """Requests carry no simulator state: ``backends.base`` reaches neither ``backends.sim*`` nor ``tasks``, not
     even through the modules it imports (the sim asks the deliberation for its context: ``backends.sim_context``)."""
-    offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"}, set())
+    offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"})
                        if module.startswith(("deliberation_env.backends.sim", "deliberation_env.tasks")))
     assert not offenders, f"deliberation_env.backends.base reaches {offenders}"
