@@ -381,3 +381,38 @@ def test_the_backend_protocol_knows_nothing_of_the_simulator_or_the_tasks(graph)
     offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"})
                        if module.startswith(("deliberation_env.backends.sim", "deliberation_env.tasks")))
     assert not offenders, f"deliberation_env.backends.base reaches {offenders}"
+
+
+GENERATE_EXCEPTIONS = {
+    ("deliberation_env/backends/transformers.py", "_generate"): "calls the Hugging Face model's generate, no backend's",
+    ("deliberation_env/cli.py", "build"): "generate([]) with no request: opens a cache file when the flags are read",
+    ("deliberation_env/testing/lora_server.py", "_chat"): "a test server answering one HTTP request with a backend",
+}
+"""The calls of a ``generate`` method outside the grouper and the backend wrappers, each with the reason."""
+
+
+def generate_calls(tree: ast.Module) -> Iterator[tuple[str | None, int]]:
+    """(the innermost enclosing function's name, line) of every ``x.generate(...)`` call."""
+    def visit(node: ast.AST, function: str | None) -> Iterator[tuple[str | None, int]]:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "generate":
+                yield function, child.lineno
+            yield from visit(child, inner)
+
+    return visit(tree, None)
+
+
+def test_requests_reach_backends_through_the_grouper():
+    """Outside the grouper (``backends/grouping.py``), a backend's ``generate`` is called only by another backend's
+    ``generate`` (a wrapper: the cache, the tools, replay's fallback, the LLM trainer's samplers) and by the named
+    exceptions: the recorder, the runner and the env forms send their batches through the grouper."""
+    offenders = []
+    for package in PACKAGES:
+        for path in python_files(package):
+            name = path.relative_to(ROOT).as_posix()
+            for function, line in generate_calls(parse(path)):
+                if name != GROUPER_MODULE and function != "generate" and (name, function) not in GENERATE_EXCEPTIONS:
+                    offenders.append(f"{name}:{line} (in {function})")
+    assert not offenders, f"send requests through backends.grouping (generate_grouped): {offenders}"
+    assert any(function == "generate_by_backend" for function, _ in generate_calls(parse(ROOT / GROUPER_MODULE)))

@@ -3,7 +3,8 @@
 The walk drives the core state machine itself (``core.Deliberation``): a *path* is a problem, a sample
 stream, a confidence source and a prefix of joint actions. Each wave replays every open path from the
 start against what is recorded so far; the requests that are missing, deduplicated by ``request_key``
-across paths and problems, go to the backend in one ``generate`` call (the backend batches them). When
+across paths and problems, go to the backend in one call through the request grouper (``backends.grouping``;
+the backend batches them). When
 no path of a depth misses anything, every path is extended by each legal joint action (CONCEDE only
 where the core offers a target; with ``all_targets``, one CONCEDE per peer that holds another answer, which
 covers every concede-target rule), up to ``rounds`` rounds. Replaying a path from the start costs
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.backends.grouping import generate_grouped
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import mix_seed
 from deliberation_env.replay.dataset import ReplaySet, completion_for, record_of, request_key, rich_request
@@ -70,7 +72,9 @@ class TreeRecorder:
                  branch_limit: int | None = None, all_targets: bool = False):
         if config.streams is None:
             raise ValueError("the recording config needs streams=S (the number of sample streams per problem)")
-        self.task, self.backend, self.rounds, self.branch_limit = task, backend, rounds, branch_limit
+        self.task, self.rounds, self.branch_limit = task, rounds, branch_limit
+        self.backends = [backend] * config.num_agents if backend is not None else None
+        """Each agent's backend, as the request grouper takes them (one model answers the whole team)."""
         self.all_targets = all_targets
         """Branch on every peer a CONCEDE can adopt (a superset of every concede-target rule's tree)."""
         self.configs = [replace(config, confidence=source, max_rounds=rounds, early_stop=False)
@@ -165,10 +169,10 @@ class TreeRecorder:
         return []
 
     def _generate(self, missing: list[tuple[Request, dict[str, Any]]], on_generated) -> None:
-        if self.backend is None:
+        if self.backends is None:
             raise RuntimeError("this TreeRecorder has no backend: it can only look for missing records")
         rich = [rich_request(request) for request, _ in missing]
-        completions: list[Completion] = self.backend.generate(rich)
+        completions: list[Completion] = generate_grouped(rich, self.backends)
         if len(completions) != len(rich):
             raise RuntimeError(f"the backend answered {len(completions)} of {len(rich)} requests")
         batch = [record_of(request, completion, **place)
