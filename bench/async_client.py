@@ -10,7 +10,7 @@ limit", and queues the rest):
    concurrency in ``--concurrency`` ``8 x concurrency`` requests in one ``generate`` call, on
    ``--replicas`` replicas; requests/s and the ratio to the sequential rate (target >= 50x at 64).
 2. ``--episodes`` concurrent episodes (``--episodes`` envs, 3 agents, arithmetic, the env's real prompts,
-   every agent REFINEs for ``--rounds`` rounds) through ``deliberation_env.vector.BatchedEnvs``, one backend:
+   every agent REFINEs for ``--rounds`` rounds) through ``deliberation_env.vector.run_episodes``, one backend:
    every episode must end, and each request must be answered exactly once (counted on the servers by the
    client's ``X-Request-Id`` against what the envs asked).
 3. The same episodes with ``routing="least_busy"``: prefix reuse per episode (on each replica, the longest
@@ -33,7 +33,7 @@ from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.testing.servers import LoopbackServer
-from deliberation_env.vector import BatchedEnvs
+from deliberation_env.vector import Start, run_episodes
 
 
 def fleet(n: int, latency: float, capacity: int) -> list[LoopbackServer]:
@@ -74,11 +74,9 @@ def episodes(servers: list[LoopbackServer], count: int, rounds: int, concurrency
     backend = Counting(OpenAICompatibleBackend([s.url for s in servers], model="latency", concurrency=concurrency,
                                                routing=routing, logprobs=False))
     envs = [deliberation_env.parallel_env(task="arithmetic", backend="sim", split="test", max_rounds=rounds) for _ in range(count)]
-    batch = BatchedEnvs(envs, backend)
     start = time.perf_counter()
-    batch.reset(seeds=list(range(count)))
-    while any(env.agents for env in envs):
-        batch.step([{agent: 1 for agent in env.agents} if env.agents else None for env in envs])
+    run_episodes(envs, [Start(seed) for seed in range(count)],
+                 lambda steps: [dict.fromkeys(step.env.agents, 1) for step in steps], backend=backend)
     wall = time.perf_counter() - start
     backend.inner.close()
     answered: Counter[str] = Counter()

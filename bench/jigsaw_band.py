@@ -34,7 +34,7 @@ from deliberation_env.cli import ArgumentParser, backend_settings
 from deliberation_env.core.actions import Action
 from deliberation_env.tasks.base import short_rationale
 from deliberation_env.tasks.jigsaw import JIGSAW_TEAM
-from deliberation_env.vector import BatchedEnvs
+from deliberation_env.vector import Start, Step, run_episodes
 
 ARMS = {"split": list(JIGSAW_TEAM), "full": None}
 
@@ -58,21 +58,25 @@ def play(args: argparse.Namespace, backend, arm: str) -> list[dict]:
                    max_tokens=args.max_tokens, temperature=args.temperature)
     positions = list(range(args.start, args.start + args.problems))
     envs = [deliberation_env.parallel_env(**options) for _ in positions]
-    batch = BatchedEnvs(envs, backend=backend)
-    batch.reset(seeds=[args.seed * 100_003 + p for p in positions], options=[{"problem_index": p} for p in positions])
     seen = envs[0].task.rationale_chars  # a peer's refine prompt shows the end of a solution, this long
-    first = [[(a.answer, bool(a.correct), short_rationale(a.text, seen)) for a in env.deliberation.agents]
-             for env in envs]
-    batch.step([{agent: int(Action.REFINE) for agent in env.agents} for env in envs])
+    first: dict[int, list[tuple]] = {}
     rows = []
-    for env, before in zip(envs, first):
-        core = env.deliberation
-        counts = core.problem.metadata["counts"]
+
+    def on_step(step: Step) -> None:
+        core = step.env.deliberation
+        if step.actions is None:  # the first turn's answers, before the refine turn
+            first[step.episode] = [(a.answer, bool(a.correct), short_rationale(a.text, seen)) for a in core.agents]
+            return
+        before, counts = first[step.episode], core.problem.metadata["counts"]
         rows.append({"id": core.problem.id, "level": core.problem.metadata["level"], "arm": arm,
                      "first_correct": [c for _, c, _ in before],
                      "refined_correct": [bool(a.correct) for a in core.agents],
                      "team_correct": bool(core.grade(core.consensus())),
                      "shows_own_count": [states_count(text, counts[k]) for k, (_, _, text) in enumerate(before)]})
+
+    run_episodes(envs, [Start(args.seed * 100_003 + p, {"problem_index": p}) for p in positions],
+                 lambda steps: [{agent: int(Action.REFINE) for agent in step.env.agents} for step in steps], on_step,
+                 backend)
     return rows
 
 
