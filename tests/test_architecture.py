@@ -23,8 +23,9 @@ EXCLUDED_PARTS = frozenset({"__pycache__", "sets"})
 
 
 def python_files(folder: str) -> Iterator[Path]:
+    """Every Python file of ``folder``, once: not the links by which bench's script folders reach its helpers."""
     for path in sorted((ROOT / folder).rglob("*.py")):
-        if not EXCLUDED_PARTS.intersection(path.relative_to(ROOT).parts):
+        if not EXCLUDED_PARTS.intersection(path.relative_to(ROOT).parts) and not path.is_symlink():
             yield path
 
 
@@ -340,7 +341,7 @@ def test_the_library_does_not_depend_on_its_test_servers(graph):
 
 def test_no_alias_modules_and_no_path_edits():
     """No module replaces itself in ``sys.modules`` (an alias of a moved module), and no script edits ``sys.path``:
-    bench scripts run as ``python bench/NAME.py`` with the package installed."""
+    bench scripts run as ``python bench/<folder>/NAME.py`` with the package installed."""
     aliases, path_edits = [], []
     for name, tree in library_and_script_files():
         for node in ast.walk(tree):
@@ -416,3 +417,46 @@ def test_requests_reach_backends_through_the_grouper():
                     offenders.append(f"{name}:{line} (in {function})")
     assert not offenders, f"send requests through backends.grouping (generate_grouped): {offenders}"
     assert any(function == "generate_by_backend" for function, _ in generate_calls(parse(ROOT / GROUPER_MODULE)))
+
+
+EPISODE_LOOPS = {
+    "deliberation_env/vector.py": "the episode runner itself",
+    "deliberation_env/wrappers.py": "wrappers pass reset and step on to the env they wrap",
+    "deliberation_env/engine/gym.py": "the compiled engine's Gymnasium form: its reset and step are the engine's arrays",
+    "deliberation_env/demo.py": "prints a plain PettingZoo loop step by step, as a user writes one",
+    "baselines/llm/rollout.py": "the text env's tree rollout: each node's env is forked per joint action and each fork "
+                                "stepped with its own sampled completions; run_episodes plays episodes, not trees",
+    "baselines/meta/tree_rollout.py": "plays a compiled tree (engine.TreeEnv: B episodes per numpy call, no backend)",
+    "baselines/peers/benchmarl_task.py": "the engine under TorchRL's EnvBase, whose collector calls _reset and _step",
+    "bench/benchmark/env_throughput.py": "measures the plain PettingZoo loop a user writes against another env's",
+    "bench/benchmark/engine_throughput.py": "measures the compiled engine's own batched reset and step",
+    "bench/benchmark/replay_benchmark.py": "reads signals off single states (each problem reset, then at most one "
+                                           "REFINE step, per confidence source), not played episodes",
+    "bench/benchmark/train_throughput.py": "its bare row is the plain PettingZoo loop that collect() is measured against",
+    "examples/own_algorithm.py": "shows the PettingZoo loop a user's own algorithm writes",
+    "examples/random_policy.py": "shows the PettingZoo loop a user writes",
+    "examples/text_env_own_llm.py": "shows the text env's loop a user with their own LLM writes",
+    "examples/interop/rllib_ppo.py": "shows a trained RLlib policy played in the PettingZoo loop",
+}
+"""The modules that reset and step envs by hand instead of through ``deliberation_env.vector.run_episodes``, each
+with the reason: every other episode (rollouts, evaluation, analysis, the bench) is played by the runner."""
+NOT_EPISODES = ("optimizer", "scheduler")
+"""Receivers of ``.step()`` that are no env: torch's optimizers and learning-rate schedulers."""
+
+
+def steps_episodes_by_hand(tree: ast.Module) -> bool:
+    """Whether a module calls ``x.reset(...)`` and ``y.step(...)`` (y no optimizer or scheduler)."""
+    called: dict[str, list[str]] = {"reset": [], "step": []}
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in called:
+            called[call.func.attr].append(ast.unparse(call.func.value))
+    return bool(called["reset"]) and any(not receiver.endswith(NOT_EPISODES) for receiver in called["step"])
+
+
+def test_episodes_are_played_by_the_runner_or_are_named_exceptions():
+    """Every module that resets and steps envs itself is a named exception (``EPISODE_LOOPS``), and every exception
+    still does: a new hand-written episode loop, or a stale exception, fails here."""
+    found = {name for name, tree in library_and_script_files() if steps_episodes_by_hand(tree)}
+    assert found - set(EPISODE_LOOPS) == set(), "play these episodes through run_episodes, or name the module in " \
+                                                f"EPISODE_LOOPS with the reason: {sorted(found - set(EPISODE_LOOPS))}"
+    assert set(EPISODE_LOOPS) - found == set(), f"stale EPISODE_LOOPS entries: {sorted(set(EPISODE_LOOPS) - found)}"

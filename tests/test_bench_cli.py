@@ -1,4 +1,4 @@
-"""Every ``bench/*.py`` script answers a mistyped flag with one line on stderr and exit code 2, like the package's
+"""Every bench script (``bench/*.py``, ``bench/benchmark/*.py``, ``bench/studies/*.py``) answers a mistyped flag with one line on stderr and exit code 2, like the package's
 programs (``deliberation_env.cli.ArgumentParser``), not with argparse's usage block."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import pytest
 pytest.importorskip("torch")
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-SCRIPTS = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(BENCH, "[!_]*.py")))
+SCRIPTS = sorted(os.path.basename(path)[:-3] for pattern in ("[!_]*.py", "*/[!_]*.py")
+                 for path in glob.glob(os.path.join(BENCH, pattern)))
 
 
 def test_every_bench_script_is_found():
-    assert {"llm_study", "protocols", "replay_benchmark"} <= set(SCRIPTS)
+    assert {"llm_study", "protocols", "replay_benchmark", "replay_transfer"} <= set(SCRIPTS)
+    assert len(SCRIPTS) == len(set(SCRIPTS)), "two bench scripts share a name: their imports would clash"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

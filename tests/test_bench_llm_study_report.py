@@ -1,4 +1,4 @@
-"""``bench/llm_study.py``'s report: it describes the settings the finished chunks were run with (not the flags of the
+"""``bench/studies/llm_study.py``'s report: it describes the settings the finished chunks were run with (not the flags of the
 run that writes it), refuses chunks that differ, and refuses to add chunks under flags that differ from theirs; each
 run's accuracy, the spread between runs and the intervals over runs and problems. And the study's GPU preset."""
 
@@ -70,7 +70,7 @@ def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch, be
     monkeypatch.chdir(BENCH)
     model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
     monkeypatch.setattr("sys.argv", ["llm_study.py", "--model", model, "--seeds", "0", "1"])
-    assert results.command_line() == "python bench/llm_study.py --model ~/models/m.gguf --seeds 0 1"
+    assert results.command_line() == "python bench/studies/llm_study.py --model ~/models/m.gguf --seeds 0 1"
 
 
 def test_with_two_seeds_of_every_cell_the_main_effects_are_also_given_per_seed(study, tmp_path):

@@ -1,4 +1,4 @@
-"""bench/_trees.py and bench/headroom.py: the played-out tree agrees with the env, the policy search finds the best
+"""bench/_trees.py and bench/studies/headroom.py: the played-out tree agrees with the env, the policy search finds the best
 policy, and the headroom table's columns keep their order (oracle >= ceiling, policy search >= its own protocols)."""
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     backend = backend if backend is not None else build_backend(cfg)
     kwargs = {**env_kwargs(cfg, "test", backend), "backend": backend}
     # A replay set is recorded with its agents: a one-agent env would ask for other requests (single is the first
-    # agent's round-0 answer there; bench/replay_benchmark.py reports it from the tree).
+    # agent's round-0 answer there; bench/benchmark/replay_benchmark.py reports it from the tree).
     protocols = [p for p in PROTOCOLS if not (cfg.replay and p == "single")]
     trace = evaluate.open_trace(options.trace)
     try:
