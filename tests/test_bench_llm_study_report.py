@@ -64,10 +64,10 @@ def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_pat
 
 
 def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch, bench_import):
-    """Started from inside ``bench/`` with a model in the home folder, the recorded command still names the script
-    from the repository's root and writes the home folder as ~."""
+    """Started from inside its folder (``bench/studies/``) with a model in the home folder, the recorded command still
+    names the script from the repository's root and writes the home folder as ~."""
     results = bench_import("_results")
-    monkeypatch.chdir(BENCH)
+    monkeypatch.chdir(os.path.join(BENCH, "studies"))
     model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
     monkeypatch.setattr("sys.argv", ["llm_study.py", "--model", model, "--seeds", "0", "1"])
     assert results.command_line() == "python bench/studies/llm_study.py --model ~/models/m.gguf --seeds 0 1"
