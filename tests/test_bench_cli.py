@@ -1,4 +1,5 @@
-"""Every bench script (``bench/*.py``, ``bench/benchmark/*.py``, ``bench/studies/*.py``) answers a mistyped flag with one line on stderr and exit code 2, like the package's
+"""Every bench script (``bench/*.py``, ``bench/benchmark/*.py``, ``bench/studies/*.py``) answers a mistyped flag with
+one line on stderr and exit code 2, like the package's
 programs (``deliberation_env.cli.ArgumentParser``), not with argparse's usage block."""
 
 from __future__ import annotations
