@@ -219,23 +219,40 @@ def headroom(tree: dict, signals: dict[str, int | np.ndarray | None], peer_bit: 
             "per_problem": np.mean(held_outs, axis=0)}
 
 
-def best_constant(tree: dict, folds: int = 5, repeats: int = 10, seed: int = 0, shared: bool = False) -> dict[str, Any]:
+def best_constant(tree: dict, folds: int = 5, repeats: int = 10, seed: int = 0, shared: bool = False,
+                  nested: bool = False) -> dict[str, Any]:
     """The best fixed protocol of the tree: one joint action for every problem, chosen on the training folds and
     scored on the held-out fold (mean over ``repeats`` fold splits; ``per_problem``: each problem's held-out outcome
     averaged over them, on the fold splits ``headroom`` draws with the same seed); and the one chosen on all
-    problems. ``shared``: only the joint actions where every agent plays the same action (the vote, debate, ...)."""
-    columns = np.arange(tree["outcome"].shape[1])
-    if shared:
-        columns = columns[(tree["joints"] == tree["joints"][:, :1]).all(1)]
-    outcome, n = tree["outcome"][:, columns], len(tree["outcome"])
+    problems. ``shared``: only the joint actions where every agent plays the same action (the vote, debate, ...).
+    ``nested``: each training fold also chooses between those two families, by an inner cross-validation on its
+    own problems (so no family is picked after seeing held-out outcomes)."""
+    outcome, n = tree["outcome"], len(tree["outcome"])
+    alike = np.flatnonzero((tree["joints"] == tree["joints"][:, :1]).all(1))
+    families = [np.arange(outcome.shape[1]), alike]
+    inner = np.random.default_rng(seed + 1)  # its own stream: the outer fold splits stay headroom's
+
+    def family(train: np.ndarray) -> np.ndarray:
+        if not nested:
+            return families[1] if shared else families[0]
+        held = np.zeros((len(families), len(train)))
+        for part in np.array_split(inner.permutation(len(train)), folds):
+            rest = np.setdiff1d(np.arange(len(train)), part)
+            for k, columns in enumerate(families):
+                held[k, part] = outcome[train[part], columns[int(np.argmax(outcome[train[rest]][:, columns].mean(0)))]]
+        return families[int(np.argmax(held.mean(1)))]
+
     rng = np.random.default_rng(seed)
     held_outs = []
     for _ in range(repeats):
         held_out, order = np.zeros(n), rng.permutation(n)
         for fold in np.array_split(order, folds):
-            held_out[fold] = outcome[fold, int(np.argmax(outcome[np.setdiff1d(order, fold)].mean(0)))]
+            train = np.setdiff1d(order, fold)
+            columns = family(train)
+            held_out[fold] = outcome[fold, columns[int(np.argmax(outcome[train][:, columns].mean(0)))]]
         held_outs.append(held_out)
-    best = columns[int(np.argmax(outcome.mean(0)))]
+    columns = family(np.arange(n))
+    best = columns[int(np.argmax(outcome[:, columns].mean(0)))]
     return {"cross_validated": float(np.mean(held_outs)), "joint": tuple(int(a) for a in tree["joints"][best]),
             "per_problem": np.mean(held_outs, axis=0)}
 

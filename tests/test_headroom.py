@@ -147,6 +147,20 @@ def test_the_shared_protocol_family_holds_only_joint_actions_every_agent_plays(t
     assert every["joint"] == (0, 1, 2) and every["cross_validated"] == 1.0
     assert shared["joint"] == (1, 1, 1) and shared["cross_validated"] == 0.75
 
+def test_the_nested_protocol_chooses_its_family_on_training_folds_only(trees):
+    joints = np.array(list(itertools.product(range(3), repeat=3)))
+    outcome = np.zeros((60, len(joints)), bool)
+    tree = {"outcome": outcome, "joints": joints, "actions": 3}
+    # where one family is planted better on every problem, every fold's inner split finds it
+    outcome[:, 13] = True  # every agent REFINEs: right everywhere
+    planted = trees.best_constant(tree, repeats=2, nested=True)
+    assert planted["joint"] == (1, 1, 1) and planted["cross_validated"] == 1.0
+    outcome[:, 13] = False
+    outcome[:, 5] = True  # an asymmetric joint action, only in the family of every joint action
+    planted = trees.best_constant(tree, repeats=2, nested=True)
+    assert planted["joint"] == (0, 1, 2) and planted["cross_validated"] == 1.0
+
+
 def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, bench_import):
     out = tmp_path / "rule-only"
     record(["--out", str(out), "--split", "test", "--problems", "0:6", "--concede-targets", "rule", *SIM_FLAGS])

@@ -209,8 +209,10 @@ def damage_flipped(chunk: Path) -> None:
                                              (damage_flipped, "sha256")])
 def test_a_damaged_chunk_is_named_at_load(copy, damage, message):
     damage(copy / "chunks" / "test-00002-00003.parquet")
-    with pytest.raises(ReplayError, match=rf"chunks/test-00002-00003.parquet .*{message}.*damaged"):
+    with pytest.raises(ReplayError, match=rf"chunks/test-00002-00003.parquet .*{message}.*damaged") as raised:
         ReplaySet(copy)
+    # the fix restores the recorded file; recording again is a new sample of the model, and the error says so
+    assert "restore it" in str(raised.value) and "makes a new set, not the original" in str(raised.value)
     with pytest.raises(ReplayError, match="test-00002-00003"):  # the env of any split fails the same way
         replay_env(copy, split="test")
 

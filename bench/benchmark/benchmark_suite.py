@@ -57,14 +57,15 @@ def tag(config: dict[str, float]) -> str:
 
 
 def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, splits: tuple[str, ...],
-                    folder: str, stem: str) -> dict[str, Scores]:
-    """One training run on ``fit``, scored on ``splits``; its scores saved as ``<folder>/<stem>-<split>.csv``."""
+                    folder: str, stem: str, runs: str = os.path.join("runs", "benchmark_suite")) -> dict[str, Scores]:
+    """One training run on ``fit``, scored on ``splits``; its scores saved as ``<folder>/<stem>-<split>.csv``, the
+    run itself (policy.pt) under ``<runs>/<cell>/<algo>/<stem>``."""
     paths = {split: os.path.join(folder, f"{stem}-{split}.csv") for split in splits}
     if all(os.path.isfile(path) for path in paths.values()):
         return {split: Scores.load(path) for split, path in paths.items()}
     cfg = config_class("ppo" if algo == "mappo" else algo)(
         replay=cell.dataset, env_options=cell.options, train_split="fit", episodes=episodes, seed=seed,
-        out=os.path.join("runs", "benchmark_suite", cell.name.replace(":", "-"), algo, stem), progress=False,
+        out=os.path.join(runs, cell.name.replace(":", "-"), algo, stem), progress=False,
         tensorboard=False, **TRAINERS[algo], **config)
     backend = ReplayBackend(loaded(cell.dataset))
     policy = run("ppo" if algo == "mappo" else algo, cfg, make_env_fn(cfg, "fit", backend))
@@ -116,6 +117,14 @@ def read(folder: str) -> dict:
     return found
 
 
+def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
+    """What validation chooses in a cell's folder (``read``): the best protocol, and the trainers in headline order
+    (mean validation accuracy over their final seeds, best first)."""
+    validation = found["protocols"]["validation"]
+    best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
+    return best, sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+
+
 def report(args) -> str:
     cells = [(parse_cell(name), read(os.path.join(args.out, name.replace(":", "-")))) for name in args.cells]
     cells = [(cell, found) for cell, found in cells if found["trainers"]]
@@ -128,14 +137,13 @@ def report(args) -> str:
              "below (simultaneous 95%); pairs of trainers use the level corrected for their own family.", ""]
     for cell, found in cells:
         validation, test = found["protocols"]["validation"], found["protocols"]["test"]
-        best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
+        best, rows = choices(found)
         reference = test[best].accuracy
         lines += [f"## {cell.name}", "", f"Best protocol on validation: **{best}** ({validation[best].accuracy.mean():.3f} "
                   f"validation, {reference.mean():.3f} test). Protocols on test: " + ", ".join(
                       f"{n} {s.accuracy.mean():.3f}" for n, s in sorted(test.items())) + ".", "",
                   "| trainer | lr (chosen on validation) | seeds | validation accuracy | test accuracy | IQM | vs best "
                   f"protocol, points [{100 * level:.2f}%] | tokens | per seed |", "|---|---|---|---|---|---|---|---|---|"]
-        rows = sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
         lines[-2:-2] = [f"The row to headline, chosen on validation (the best trainer's mean validation accuracy over "
                         f"its seeds): **{rows[0][0]}**. Rows are in that order.", ""]
         for algo, trainer in rows:

@@ -35,3 +35,10 @@ serve_gguf() {
                   --backend-option timeout=1200 --weights-file "$model"
                   --server-info "llama.cpp llama-server (commit ${build:-unknown}), ${sampler[*]}, $slots slots, chat template from the GGUF (--jinja)")
 }
+
+# Run as a command (`bash bench/record/llama_server.sh MODEL`), it serves MODEL in the foreground until stopped.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    serve_gguf "$1"
+    echo "serving ${RECORD_FLAGS[2]} on port ${LLAMA_PORT:-8089}" >&2
+    wait "$SERVER_PID"
+fi

@@ -32,7 +32,7 @@ from deliberation_env.backends.base import Completion, Request
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.roles import roles_setting
 from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
-from deliberation_env.replay.format import MIGRATE_COMMAND, DamagedSet, read_chunk, verify
+from deliberation_env.replay.format import DAMAGE_FIX, MIGRATE_COMMAND, DamagedSet, read_chunk, verify
 from deliberation_env.tasks.base import PeerView, Problem, Task
 
 FORMAT = "deliberation-replay/2"
@@ -188,7 +188,7 @@ class ReplayCard:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ReplayError(f"{where} is not valid JSON ({error}); the replay set is damaged: record it again") from error
+            raise ReplayError(f"{where} is not valid JSON ({error}); {DAMAGE_FIX}") from error
         known = {f.name for f in fields(cls)}
         found = data.get("format") if isinstance(data, dict) else None
         if found in OLD_FORMATS and found not in formats:
@@ -199,7 +199,7 @@ class ReplayCard:
             raise ReplayError(f"{where} has format {found!r}, this package reads {FORMAT!r}")
         missing = [name for name in ("name", "model", "task", "settings", "rounds", "streams") if name not in data]
         if missing:
-            raise ReplayError(f"{where} lacks {missing}; the replay set is damaged: record it again")
+            raise ReplayError(f"{where} lacks {missing}; {DAMAGE_FIX}")
         card = cls(**{key: value for key, value in data.items() if key in known})
         if card.request_format not in REQUEST_FORMATS:
             raise ReplayError(f"{where} was recorded with request format {card.request_format!r}; this version of "
@@ -393,7 +393,7 @@ class ReplaySet:
         when recorded (a count per problem): a chunk removed with its card entry, or a record removed and the card
         resealed, is refused here rather than missing mid-episode. Counted once per set."""
         card, where = self.card, f"replay set {self.card.name!r} ({self.path})"
-        fix = "the set is damaged: download it again, or record those problems again into a new set"
+        fix = DAMAGE_FIX
         for name, counts in card.index.items():
             if name not in card.files:
                 listed = ", ".join(list(counts)[:3]) + (", ..." if len(counts) > 3 else "")

@@ -55,6 +55,12 @@ _PLAIN = tuple(name for name in CHUNK_SCHEMA.names if name not in _ENCODED)
 _ESCAPABLE = ("text", "finish_reason", "tokens", "top_tokens")
 
 
+DAMAGE_FIX = ("the set is damaged: restore it (download it again, or check it out again from git); recording the "
+              "problems again makes a new set, not the original (a recording engine need not reproduce its "
+              "completions: the card's `reproducibility`)")
+"""What every damage error says to do."""
+
+
 class DamagedSet(ValueError):
     """A file of a replay set that differs from its card (``dataset.ReplayError`` wraps it with the set's name)."""
 
@@ -169,7 +175,7 @@ def verify(folder: Path, files: Mapping[str, Mapping[str, Any]], *, strict: bool
     if any((folder / "chunks").glob(OLD_CHUNK_GLOB)):
         raise DamagedSet(f"{folder} holds chunks in the old JSON-lines encoding (deliberation-replay/1); convert "
                          f"them once with `{MIGRATE_COMMAND} {folder}`")
-    fix = "the set is damaged: download it again, or record that chunk again"
+    fix = DAMAGE_FIX
     for name, entry in files.items():
         path = folder / name
         if not path.is_file():

@@ -70,7 +70,7 @@ def migrate(folder: Path, weights: Path | None = None, source: str | None = None
         found = sum(len(records) for records in converted.values())
         if found != expected:
             raise UserError(f"{folder}'s chunks hold {found} records, its card counts {expected}: the set is damaged "
-                            "(a chunk missing or cut); restore it from git or record it again before converting")
+                            "(a chunk missing or cut); restore it from git before converting (recording it again makes a new set)")
     task = TASKS.make(card.task, **card.task_kwargs)
     for path, records in converted.items():
         target = path.with_name(path.name.removesuffix(".jsonl.gz") + ".parquet")
