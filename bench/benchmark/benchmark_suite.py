@@ -25,23 +25,12 @@ import time
 
 import numpy as np
 from _results import RESULTS, command_line
+from _suite import TRAINERS, choices, read, train_and_score
 
-from baselines.benchmark import (
-    PROTOCOL_ROWS,
-    Scores,
-    interquartile_mean,
-    loaded,
-    parse_cell,
-    policy_scores,
-    protocol_scores,
-)
-from baselines.meta.config import make_env_fn
-from baselines.meta.train import config_class, run
+from baselines.benchmark import interquartile_mean, parse_cell, protocol_scores
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.replay import ReplayBackend
 
-TRAINERS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
 GRID = {"lr": (1e-3, 3e-3, 1e-2)}
 """Each trainer's tuning grid: the same values of its Adam learning rate (the default is 3e-3)."""
 TUNING_SEEDS = (100, 101)
@@ -54,25 +43,6 @@ def configs() -> list[dict[str, float]]:
 
 def tag(config: dict[str, float]) -> str:
     return "-".join(f"{k}{v:g}" for k, v in config.items())
-
-
-def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, splits: tuple[str, ...],
-                    folder: str, stem: str, runs: str = os.path.join("runs", "benchmark_suite")) -> dict[str, Scores]:
-    """One training run on ``fit``, scored on ``splits``; its scores saved as ``<folder>/<stem>-<split>.csv``, the
-    run itself (policy.pt) under ``<runs>/<cell>/<algo>/<stem>``."""
-    paths = {split: os.path.join(folder, f"{stem}-{split}.csv") for split in splits}
-    if all(os.path.isfile(path) for path in paths.values()):
-        return {split: Scores.load(path) for split, path in paths.items()}
-    cfg = config_class("ppo" if algo == "mappo" else algo)(
-        replay=cell.dataset, env_options=cell.options, train_split="fit", episodes=episodes, seed=seed,
-        out=os.path.join(runs, cell.name.replace(":", "-"), algo, stem), progress=False,
-        tensorboard=False, **TRAINERS[algo], **config)
-    backend = ReplayBackend(loaded(cell.dataset))
-    policy = run("ppo" if algo == "mappo" else algo, cfg, make_env_fn(cfg, "fit", backend))
-    scores = {split: policy_scores(policy, cell, split, label=algo) for split in splits}
-    for split, path in paths.items():
-        scores[split].save(path)
-    return scores
 
 
 def run_cell(cell, args) -> None:
@@ -95,36 +65,6 @@ def run_cell(cell, args) -> None:
 
 
 # ----------------------------------------------------------------------------- the report
-def read(folder: str) -> dict:
-    """What a cell's folder holds: protocols per split, and per trainer its tuning and final runs."""
-    found: dict = {"protocols": {}, "trainers": {}}
-    for path in glob.glob(os.path.join(folder, "protocols", "*.csv")):
-        scores = Scores.load(path)
-        found["protocols"].setdefault(scores.split, {})[scores.label] = scores
-    for algo in TRAINERS:
-        finals = sorted(glob.glob(os.path.join(folder, algo, "final-*-test.csv")),
-                        key=lambda p: int(p.rsplit("seed", 1)[1].split("-")[0]))
-        tunes = glob.glob(os.path.join(folder, algo, "tune-*-validation.csv"))
-        if finals:
-            grid: dict[str, list[float]] = {}
-            for path in tunes:
-                value = os.path.basename(path).split("-")[1]
-                grid.setdefault(value, []).append(float(Scores.load(path).accuracy.mean()))
-            chosen = os.path.basename(finals[0]).split("-")[1]
-            validation = [Scores.load(p.replace("-test.csv", "-validation.csv")) for p in finals]
-            found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen,
-                                       "validation": float(np.mean([v.accuracy.mean() for v in validation]))}
-    return found
-
-
-def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
-    """What validation chooses in a cell's folder (``read``): the best protocol, and the trainers in headline order
-    (mean validation accuracy over their final seeds, best first)."""
-    validation = found["protocols"]["validation"]
-    best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
-    return best, sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
-
-
 def report(args) -> str:
     cells = [(parse_cell(name), read(os.path.join(args.out, name.replace(":", "-")))) for name in args.cells]
     cells = [(cell, found) for cell, found in cells if found["trainers"]]

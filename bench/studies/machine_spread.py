@@ -1,10 +1,10 @@
 """How far apart do the leaderboard's runs land on another CPU (or another kernel path of the same one)?
 
-    python bench/machine_spread.py --trainers softrankpo ppo --seeds 0 1 2         # here, as torch runs by default
-    ATEN_CPU_CAPABILITY=default python bench/machine_spread.py ...                  # torch's portable kernels
-    python bench/machine_spread.py --compare                                        # the table over every run so far
+    python bench/studies/machine_spread.py --trainers softrankpo ppo --seeds 0 1 2         # here, as torch runs by default
+    ATEN_CPU_CAPABILITY=default python bench/studies/machine_spread.py ...                  # torch's portable kernels
+    python bench/studies/machine_spread.py --compare                                        # the table over every run so far
 
-Trains the suite's final runs (bench/benchmark_suite.py: the learning rate it chose on validation, ``fit``, the same
+Trains the suite's final runs (bench/benchmark/benchmark_suite.py: the learning rate it chose on validation, ``fit``, the same
 seeds) on this machine, scores each on test exactly, and writes one CSV per machine and kernel path under
 bench/results/machine_spread/: the CPU, torch's kernel capability (``ATEN_CPU_CAPABILITY`` picks another), each
 run's test accuracy and the sha256 of its final weights. ``--record-suite`` writes the suite's own runs the same
@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 from _results import RESULTS, command_line
-from benchmark_suite import read, train_and_score
+from _suite import read, train_and_score
 
 from baselines.benchmark import parse_cell
 from baselines.meta.policy import load_policy

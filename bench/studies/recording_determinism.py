@@ -1,6 +1,6 @@
 """Does the recording engine reproduce a completion from its request? (llama.cpp's server, as the sets record.)
 
-    python bench/recording_determinism.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    python bench/studies/recording_determinism.py --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 Takes the round-0 requests of the first --problems recorded test problems of --dataset (each agent's solve at the
 set's temperature and its critic call at temperature 0, with the seeds the set sent), then answers them again
@@ -27,7 +27,7 @@ import time
 
 from _results import RESULTS, command_line
 
-from deliberation_env.backends.openai import OpenAIBackend
+from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.make import parallel_env
 from deliberation_env.replay import ReplayBackend, ReplaySet
 
@@ -71,8 +71,8 @@ class Server:
             raise SystemExit(f"llama-server did not start: {served or self.process.stderr.read()}")
         self.name = served.split()[1]
 
-    def backend(self) -> OpenAIBackend:
-        return OpenAIBackend(f"http://127.0.0.1:{self.port}/v1", self.name, timeout=1200)
+    def backend(self) -> OpenAICompatibleBackend:
+        return OpenAICompatibleBackend(f"http://127.0.0.1:{self.port}/v1", self.name, timeout=1200)
 
     def __enter__(self) -> Server:
         return self
@@ -82,7 +82,7 @@ class Server:
         self.process.wait()
 
 
-def answer(backend: OpenAIBackend, requests: list, one_by_one: bool) -> tuple[list[str], float]:
+def answer(backend: OpenAICompatibleBackend, requests: list, one_by_one: bool) -> tuple[list[str], float]:
     began = time.perf_counter()
     batches = [[request] for request in requests] if one_by_one else [requests]
     completions = [c for batch in batches for c in backend.generate(batch)]

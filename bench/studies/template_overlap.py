@@ -1,6 +1,6 @@
 """Does a test problem whose template a train problem shares inflate the leaderboard's gains?
 
-    python bench/template_overlap.py --cell qwen05-arith-v2:v2
+    python bench/studies/template_overlap.py --cell qwen05-arith-v2:v2
 
 An arithmetic problem's template is its level, start and steps (operations and amounts): two problems with one
 template differ only in the name and the item, and have one answer. Some test problems share a template with a
@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 from _results import RESULTS, command_line
-from benchmark_suite import choices, read
+from _suite import choices, read
 
 from baselines.benchmark import loaded, parse_cell
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
