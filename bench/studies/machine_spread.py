@@ -14,7 +14,6 @@ largest, and a bootstrap interval over seeds). CI runs the first command on its 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import glob
 import hashlib
@@ -30,6 +29,7 @@ from _suite import read, train_and_score
 
 from baselines.benchmark import parse_cell
 from baselines.meta.policy import load_policy
+from deliberation_env.cli import ArgumentParser
 
 OUT = os.path.join(RESULTS, "machine_spread")
 SUITE = os.path.join(RESULTS, "benchmark_suite")
@@ -154,7 +154,7 @@ def compare(args) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cell", default="qwen05-arith-v2:v2")
     parser.add_argument("--trainers", nargs="+", default=["softrankpo", "ppo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

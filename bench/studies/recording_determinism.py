@@ -19,7 +19,6 @@ another way's text, and what each way cost in seconds. Writes bench/results/reco
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ import time
 from _results import RESULTS, command_line
 
 from deliberation_env.backends.openai import OpenAICompatibleBackend
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.make import parallel_env
 from deliberation_env.replay import ReplayBackend, ReplaySet
 
@@ -90,7 +90,7 @@ def answer(backend: OpenAICompatibleBackend, requests: list, one_by_one: bool) -
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="the GGUF file the set was recorded with")
     parser.add_argument("--server", default=None, help="the llama-server binary (default: $LLAMA_SERVER or PATH)")
     parser.add_argument("--dataset", default="qwen05-arith-v2")

@@ -12,7 +12,6 @@ paired, problems) and the difference between the sides. Writes bench/results/tem
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
@@ -21,6 +20,7 @@ from _suite import choices, read
 
 from baselines.benchmark import loaded, parse_cell
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.options import make_task
 
 SUITE = os.path.join(RESULTS, "benchmark_suite")
@@ -46,7 +46,7 @@ def group_difference(runs: np.ndarray, protocol: np.ndarray, shared: np.ndarray,
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cell", default="qwen05-arith-v2:v2")
     args = parser.parse_args(argv)
     cell = parse_cell(args.cell)
