@@ -15,7 +15,7 @@ batch, wave or rollout worker (``baselines.meta.distributed``) plays it.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +129,7 @@ def collect(
             if step.done:
                 _finish(step.infos, summaries[-1])
             return
-        add_step(rows, summaries[step.episode], step, reward_scale)
+        add_step(rows, summaries[step.episode], step, step.actions, reward_scale)
         rounds[step.episode] += 1
         if step.done:
             _finish(step.infos, summaries[step.episode])
@@ -155,10 +155,11 @@ def add_transitions(rows: dict[str, list[Any]], batch: Sequence[tuple[Step, str]
             rows["state"].append(states[step.episode])
 
 
-def add_step(rows: dict[str, list[Any]], summary: dict[str, Any], step: Step, reward_scale: float) -> None:
-    """A played step's scaled rewards into the reward column and its episode's summary (returns, actions, length,
-    tokens)."""
-    for a, action in step.actions.items():
+def add_step(rows: dict[str, list[Any]], summary: dict[str, Any], step: Step, actions: Mapping[str, Any],
+             reward_scale: float) -> None:
+    """A played step (its ``actions``) into the reward column, scaled, and its episode's summary (returns, actions,
+    length, tokens)."""
+    for a, action in actions.items():
         reward = float(step.rewards.get(a, 0.0)) * reward_scale
         rows["rewards"].append(reward)
         summary["returns"][a] += reward
