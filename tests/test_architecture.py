@@ -461,3 +461,15 @@ def test_episodes_are_played_by_the_runner_or_are_named_exceptions():
                                                 f"EPISODE_LOOPS with the reason: {sorted(found - set(EPISODE_LOOPS))}"
     assert set(EPISODE_LOOPS) - found == set(), f"stale EPISODE_LOOPS entries: {sorted(set(EPISODE_LOOPS) - found)}"
 
+
+
+LONGEST_FUNCTION = 80
+"""Lines of the longest function (its signature, docstring and body): past that, name its steps as functions."""
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for name, tree in library_and_script_files() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
+    assert not long, f"functions over {LONGEST_FUNCTION} lines: {long}"
