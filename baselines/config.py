@@ -3,14 +3,17 @@
 
 Their command-line flags come from the library's one dataclass-to-flags builder
 (``deliberation_env.cli.add_config_arguments``): one ``--flag`` per field, its help text the field's docstring.
-A subclass redeclares a field to change its default or say more in its docstring, never its meaning.
+A field is declared once: a subclass redeclares one only to change its default (``field_of``: the same type,
+metadata and docstring), never to re-say or change what it means; the env's knobs take ``DeliberationConfig``'s
+defaults (``tests/test_config_flags.py`` checks both).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deliberation_env.cli import EnvFlags
+from deliberation_env.cli import EnvFlags, field_of
+from deliberation_env.core.config import DeliberationConfig
 
 
 @dataclass
@@ -19,23 +22,25 @@ class TrainConfig(EnvFlags):
     ``env_options``), the run, the reward scale and discount, the optimiser, logging."""
 
     task: str = "arithmetic"
-    """deliberation_env task."""
-    num_agents: int = 3
-    """Agents in the deliberation."""
-    max_rounds: int = 3
-    """Deliberation rounds after round 0."""
+    """deliberation_env task (a meta trainer given an env_fn for another environment ignores it)."""
+    num_agents: int = field_of(DeliberationConfig, "num_agents")
+    """Agents in the deliberation (a meta trainer given an env_fn ignores it)."""
+    max_rounds: int = field_of(DeliberationConfig, "max_rounds")
+    """Deliberation rounds after round 0 (a meta trainer given an env_fn ignores it)."""
     seed: int = 0
-    """Seed of the training run."""
+    """Seed of the training run (network init, problem order, sampling)."""
     out: str = ""
-    """Output folder of metrics and checkpoints."""
+    """Output folder of metrics and checkpoints (the meta trainers' default: runs/<algo>-seed<seed>)."""
     reward_scale: float = 1.0
     """Every reward is multiplied by this before the trainer sees it."""
     gamma: float = 1.0
-    """Discount of returns-to-go (0: each round's own reward)."""
+    """Discount of returns-to-go (0: each round's own reward). The meta trainers: of the reward-to-go with
+    --credit-span round and of PPO's returns; the LLM trainers: a joint action's return is its reward plus gamma
+    times the mean return of its child node's joint actions."""
     lr: float = 3e-3
-    """Learning rate."""
+    """Learning rate (Adam for the meta trainers, AdamW for the LLM trainers)."""
     threads: int = 1
-    """torch CPU threads."""
+    """torch CPU threads (1 is fastest on a loaded small CPU)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True

@@ -14,7 +14,7 @@ import numpy as np
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.train import config_class, run
 from deliberation_env.make import replay_env
-from deliberation_env.protocols import make_protocol
+from deliberation_env.protocols import SPECS, make_protocol, protocol_agents
 from deliberation_env.replay import ReplaySet
 
 ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
@@ -44,9 +44,9 @@ def protocol_rows(dataset: ReplaySet, seeds, split: str, options: dict,
                   names: tuple[str, ...] = PROTOCOL_ROWS + ("oracle",)) -> dict[str, dict]:
     """The fixed protocols ``names`` (default: all, and the oracle) on ``split`` (``single`` is read off the tree
     by the caller)."""
-    return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s) if n == "random" else make_protocol(n),
-                            seeds if name == "random" else [0], options, split=split)
-            for name in names if name != "single"}
+    return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s),
+                            seeds if "seed" in SPECS[name].options else [0], options, split=split)
+            for name in names if protocol_agents(name) is None}
 
 
 def options(args) -> dict:

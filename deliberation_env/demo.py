@@ -16,7 +16,9 @@ import deliberation_env
 from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
+    add_env_arguments,
     backend_settings,
+    env_arguments,
     env_options,
     nonnegative_float,
     nonnegative_int,
@@ -28,6 +30,8 @@ from deliberation_env.protocols import PROTOCOLS, FixedProtocol, make_protocol
 
 PROG = "python -m deliberation_env.demo"
 
+TEAM_FLAGS = ("num_agents", "max_rounds")
+"""The env settings whose flags come from ``DeliberationConfig``'s declaration."""
 POLICY_ALIASES = {"persist": "self_consistency", "refine": "debate"}
 """The demo's older policy names, still accepted: each names the fixed protocol it always was."""
 POLICIES = (*PROTOCOLS, *POLICY_ALIASES)
@@ -36,17 +40,16 @@ POLICIES = (*PROTOCOLS, *POLICY_ALIASES)
 def demo_protocol(policy: str, threshold: float) -> FixedProtocol:
     """The fixed protocol ``--policy`` names (``deliberation_env.protocols``; trainable ones live in ``baselines``)."""
     name = POLICY_ALIASES.get(policy, policy)
-    return make_protocol(name, threshold=threshold) if name == "threshold" else make_protocol(name)
+    return make_protocol(name, threshold=threshold)
 
 
-@report_user_errors(PROG)
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="arithmetic", help="task name (default: arithmetic)")
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (else $DELIBERATION_ENV_DATA)")
     parser.add_argument("--episodes", type=positive_int, default=3)
-    parser.add_argument("--agents", "--num-agents", dest="agents", type=positive_int, default=3)
-    parser.add_argument("--rounds", "--max-rounds", dest="rounds", type=positive_int, default=3)
+    # --agents and --rounds are their old names, still accepted with a warning
+    add_env_arguments(parser, TEAM_FLAGS, aliases={"num_agents": ("--agents",), "max_rounds": ("--rounds",)})
     parser.add_argument("--policy", choices=POLICIES, default="random", metavar="POLICY",
                         help=f"a fixed protocol: {', '.join(PROTOCOLS)} (persist and refine are older names of "
                              "self_consistency and debate; default: random)")
@@ -57,11 +60,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="append one JSON line per episode (deliberation_env.analysis.traces), labelled with "
                              "the policy")
     add_backend_arguments(parser.add_argument_group("LLM backend"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+@report_user_errors(PROG)
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     with user_input():
         env = deliberation_env.parallel_env(task=args.task, backend=backend_settings(args).build(),
-                                            num_agents=args.agents, max_rounds=args.rounds, data_dir=args.data_dir,
+                                            **env_arguments(args, TEAM_FLAGS), data_dir=args.data_dir,
                                             render_mode="ansi", **env_options(args),
                                             **({"trace": args.trace, "trace_label": args.policy} if args.trace else {}))
     protocol = demo_protocol(args.policy, args.threshold)

@@ -24,7 +24,7 @@ def parallel_env(task: Any = None, backend: Any = "sim", num_agents: int | None 
     in a ``TraceWrapper`` when ``trace=`` is given. ``options``: every keyword of ``env.accepted_options()``.
 
     What is not given comes from ``config=`` when given, else from a replay backend's recording, else from
-    ``DeliberationConfig``'s defaults (3 agents, 3 rounds; task ``"arithmetic"``). ``split`` defaults to ``"train"``:
+    ``DeliberationConfig``'s defaults (the task: ``options.DEFAULT_TASK``). ``split`` defaults to ``"train"``:
     evaluate with ``split="test"``."""
     trace, label = options.pop("trace", None), options.pop("trace_label", None)
     given: dict[str, Any] = {name: value for name, value in (("num_agents", num_agents), ("max_rounds", max_rounds))

@@ -18,7 +18,8 @@ action mask from infos and observations, and the oracle reads the privileged
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -101,19 +102,54 @@ class Oracle(FixedProtocol):
         return {agent: int(infos[agent]["oracle_action"]) for agent in observations}
 
 
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A fixed protocol's declaration: how it is made and the team it plays with."""
+
+    make: Callable[..., FixedProtocol]
+    """The factory; it takes the keywords of ``options``."""
+    options: tuple[str, ...] = ()
+    """The keywords it takes (``threshold``: its threshold; ``random``: its seed)."""
+    num_agents: int | None = None
+    """The team size it plays with (``single``: one agent), or None: any team."""
+
+
+SPECS: dict[str, ProtocolSpec] = {
+    "single": ProtocolSpec(lambda: Constant(Action.PERSIST, "single"), num_agents=1),
+    "self_consistency": ProtocolSpec(lambda: Constant(Action.PERSIST, "self_consistency")),
+    "debate": ProtocolSpec(lambda: Constant(Action.REFINE, "debate")),
+    "threshold": ProtocolSpec(Threshold, options=("threshold",)),
+    "random": ProtocolSpec(RandomLegal, options=("seed",)),
+    "oracle": ProtocolSpec(Oracle),
+}
+"""The fixed protocols by name (the module docstring's table): the one place that says what each needs."""
+PROTOCOLS = tuple(SPECS)
+
+
+def _spec(name: str) -> ProtocolSpec:
+    if name not in SPECS:
+        raise ValueError(f"unknown protocol {name!r}; known: {sorted(SPECS)}")
+    return SPECS[name]
+
+
 def make_protocol(name: str, **kwargs: Any) -> FixedProtocol:
-    """A fixed protocol by name (see the table in the module docstring)."""
-    factories = {
-        "single": lambda: Constant(Action.PERSIST, "single"),
-        "self_consistency": lambda: Constant(Action.PERSIST, "self_consistency"),
-        "debate": lambda: Constant(Action.REFINE, "debate"),
-        "threshold": lambda: Threshold(**kwargs),
-        "random": lambda: RandomLegal(**kwargs),
-        "oracle": lambda: Oracle(),
-    }
-    if name not in factories:
-        raise ValueError(f"unknown protocol {name!r}; known: {sorted(factories)}")
-    return factories[name]()
+    """A fixed protocol by name (see the table in the module docstring), given those of ``kwargs`` it takes (its
+    ``ProtocolSpec.options``: e.g. ``seed`` reaches only ``random``)."""
+    spec = _spec(name)
+    unknown = set(kwargs) - {option for known in SPECS.values() for option in known.options}
+    if unknown:
+        raise TypeError(f"no protocol takes {sorted(unknown)}; their options: "
+                        f"{ {known: s.options for known, s in SPECS.items() if s.options} }")
+    return spec.make(**{key: value for key, value in kwargs.items() if key in spec.options})
 
 
-PROTOCOLS = ("single", "self_consistency", "debate", "threshold", "random", "oracle")
+def protocol_agents(name: str, team: int | None = None) -> int | None:
+    """The team size protocol ``name`` plays with: its declared one (``single``: 1), else ``team``."""
+    declared = _spec(name).num_agents
+    return team if declared is None else declared
+
+
+def plays_team(name: str, team: int) -> bool:
+    """Whether protocol ``name`` plays a team of ``team`` agents (a replay set fixes its team: a protocol that needs
+    another size cannot play it)."""
+    return protocol_agents(name, team) == team

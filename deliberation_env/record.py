@@ -24,10 +24,11 @@ from deliberation_env.backends.tools import with_tools
 from deliberation_env.cli import (
     ArgumentParser,
     KeyValueAction,
-    RenamedFlag,
     UserError,
     add_backend_arguments,
+    add_env_arguments,
     backend_settings,
+    env_arguments,
     env_options,
     positive_int,
     report_user_errors,
@@ -48,6 +49,9 @@ from deliberation_env.replay.provenance import library_versions, sampling_of, we
 from deliberation_env.replay.recorder import PartialFile, TreeRecorder, unrecorded
 from deliberation_env.replay.stats import round0_accuracy
 
+TEAM_FLAGS = ("num_agents", "max_rounds")
+"""The env settings whose flags come from ``DeliberationConfig``'s declaration."""
+
 
 def parse_args(argv: list[str] | None) -> Any:
     parser = ArgumentParser(prog="python -m deliberation_env.record", description=__doc__.split("\n")[0])
@@ -62,11 +66,9 @@ def parse_args(argv: list[str] | None) -> Any:
                         help="positions in the split to record (default: all)")
     parser.add_argument("--problem-ids", nargs="+", default=None, metavar="ID", help="record these problems instead")
     parser.add_argument("--streams", type=positive_int, default=1, help="sample streams per problem (default 1)")
-    parser.add_argument("--num-agents", "--agents", dest="agents", action=RenamedFlag, type=positive_int, default=3,
-                        help="agents of the team (default 3; --agents is its old name, still accepted with a warning)")
-    parser.add_argument("--max-rounds", "--rounds", dest="rounds", action=RenamedFlag, type=positive_int, default=1,
-                        help="deliberation rounds to record (default 1; --rounds is its old name, still accepted with "
-                             "a warning)")
+    # --agents and --rounds are their old names, still accepted with a warning; a recording's rounds default to 1
+    add_env_arguments(parser, TEAM_FLAGS, defaults={"max_rounds": 1},
+                      aliases={"num_agents": ("--agents",), "max_rounds": ("--rounds",)})
     parser.add_argument("--confidence", default="critic_text", choices=CONFIDENCE_SOURCES,
                         help="the confidence source replay_env() uses by default")
     parser.add_argument("--sources", nargs="+", default=list(CONFIDENCE_SOURCES), choices=CONFIDENCE_SOURCES,
@@ -191,8 +193,10 @@ def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[s
 
 
 def check_served_model_flags(args: Any) -> None:
-    """``--weights-file`` and ``--server-info`` describe a served model: only with ``--backend openai``."""
-    if (args.weights_file or args.server_info) and args.backend != "openai":
+    """``--weights-file`` and ``--server-info`` describe a served model: only with a backend that serves one."""
+    from deliberation_env.registry import BACKENDS
+
+    if (args.weights_file or args.server_info) and BACKENDS.spec(args.backend).weights != "served":
         raise UserError("--weights-file and --server-info describe a served model (--backend openai); with "
                         f"--backend {args.backend} the card reads the model itself")
     if args.weights_file and not Path(args.weights_file).expanduser().is_file():
@@ -203,9 +207,9 @@ def fresh_card(args: Any, out: Path, task: Any, config: DeliberationConfig, chos
     """The card this command would write for a new set (the model is filled in once it is loaded)."""
     return ReplayCard(name=args.name or out.resolve().name, model="", backend="",
                       task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
-                      rounds=args.rounds, confidence=args.confidence, confidence_sources=list(args.sources),
+                      rounds=config.max_rounds, confidence=args.confidence, confidence_sources=list(args.sources),
                       streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
-                      partial=args.branch_limit is not None and args.rounds > 1, branch_limit=args.branch_limit,
+                      partial=args.branch_limit is not None and config.max_rounds > 1, branch_limit=args.branch_limit,
                       concede_targets=args.concede_targets, sampling=sampling_of(task, config, chosen[0][1]),
                       versions=library_versions())
 
@@ -288,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = list(task.problems(args.split))
     chosen = selected(problems, args)
     with user_input("env settings"):
-        config = DeliberationConfig(num_agents=args.agents, max_rounds=args.rounds, confidence=args.confidence,
+        config = DeliberationConfig(**env_arguments(args, TEAM_FLAGS), confidence=args.confidence,
                                     streams=args.streams, **env_options(args))
     out = Path(args.out)
     card_path = out / "card.json"
@@ -315,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     with user_input("--out"):
         records = {r["key"]: r for r in read_records(out, card, strict=False)}
     backend = with_tools([backend], config.roles)[0]  # a program-aided role's runs: the sandbox, recorded
-    recorder = TreeRecorder(task, config, backend, rounds=args.rounds, confidence_sources=args.sources,
+    recorder = TreeRecorder(task, config, backend, rounds=config.max_rounds, confidence_sources=args.sources,
                             records=records, branch_limit=args.branch_limit,
                             all_targets=args.concede_targets == "all")
     todo = [(i, p) for i, p in chosen if p.id not in done]

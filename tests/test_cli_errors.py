@@ -24,7 +24,7 @@ CASES = [
     (TRAIN, ["--task", "nope"], "unknown task 'nope'"),
     (TRAIN, ["--backend", "openai"], "--backend openai needs --base-url"),
     (TRAIN, ["--backend", "transformers"], "--backend transformers needs --model"),
-    (TRAIN, ["--num-agents", "0"], "num_agents must be >= 1"),
+    (TRAIN, ["--num-agents", "0"], "--num-agents: 0 must be >= 1"),
     (TRAIN, ["--eval-problems", "0"], "eval_problems and eval_seeds must be >= 1"),
     (TRAIN, ["--sft-init", "missing/policy.pt"], "--sft-init: checkpoint 'missing/policy.pt' does not exist"),
     (TRAIN, ["--backend", "nope"], "invalid choice: 'nope'"),
@@ -95,6 +95,6 @@ def test_the_recorders_old_flag_names_still_work_with_a_warning(tmp_path, capsys
     assert capsys.readouterr().err == ""
     old = parse_args(["--out", str(tmp_path), "--agents", "2", "--rounds", "2"])
     warnings = capsys.readouterr().err.splitlines()
-    assert (old.agents, old.rounds) == (new.agents, new.rounds) == (2, 2)
+    assert (old.num_agents, old.max_rounds) == (new.num_agents, new.max_rounds) == (2, 2)
     assert len(warnings) == 2 and "--agents is an old name of --num-agents" in warnings[0]
     assert "--rounds is an old name of --max-rounds" in warnings[1]

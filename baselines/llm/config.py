@@ -9,6 +9,8 @@ from typing import Any
 
 from baselines.advantages import ADVANTAGE_MODES
 from baselines.config import TrainConfig
+from deliberation_env.cli import field_of
+from deliberation_env.core.config import DeliberationConfig
 
 ALGOS = ("magrpo", "grpo", "softrankpo")
 CREDITS = ("team", "agent")
@@ -28,15 +30,15 @@ class LLMTrainConfig(TrainConfig):
     """Task constructor keywords (--task-option KEY=VALUE, e.g. levels=0 or prompt=no_code)."""
     reward_weights: dict[str, Any] = field(default_factory=dict)
     """Reward weights by name (--reward-weight NAME=VALUE; round terms local/global/team/tokens, turn terms correct/consensus_correct/team_turn/format/length/calibration; default: the env's)."""
-    num_agents: int = field(default=2, metadata={"aliases": ("--agents",)})
-    """Agents in the deliberation (--agents is the same flag)."""
-    max_rounds: int = 1
+    num_agents: int = field_of(TrainConfig, "num_agents", 2, aliases=("--agents",))
+    """Agents in the deliberation (--agents is its old name, still accepted with a warning)."""
+    max_rounds: int = field_of(TrainConfig, "max_rounds", 1)
     meta_policy: str = "debate"
     """Meta-actions of the text env: debate (every agent refines) or self_consistency (no refinement)."""
-    max_tokens: int = 64
-    """Tokens per solution or refinement."""
-    temperature: float = 0.7
-    """Sampling temperature of solutions and refinements."""
+    max_tokens: int | None = field_of(TrainConfig, "max_tokens", 64)
+    """Tokens per solution or refinement (the LLM trainers need a number: the length of their completions)."""
+    temperature: float | None = field_of(TrainConfig, "temperature", DeliberationConfig().temperature)
+    """Sampling temperature of solutions and refinements (the env's, written down: a run's saved settings name it)."""
     group_size: int = 4
     """G: completions each acting agent samples at every node of a problem's rollout tree (its comparison group); >= 2."""
     joint: str = "align"
@@ -51,8 +53,6 @@ class LLMTrainConfig(TrainConfig):
     """Stop training (rollouts and updates, not the evaluations) once this many minutes have passed (0: no limit)."""
     credit: str = field(default="team", metadata={"argparse": {"choices": CREDITS}})
     """Reward of a joint action: team (the step's rewards of every agent, summed) or agent (each agent's own step reward)."""
-    gamma: float = 1.0
-    """Return-to-go discount: a joint action's return is its reward plus gamma times the mean return of its child node's joint actions."""
     advantage: str = "mean"
     """Baseline within a group (magrpo, grpo): mean (R - mean: MAGRPO), rloo (R - mean of the others: MARLOO), max (R - max: MAREMAX) or raw (R: MAREINFORCE)."""
     pool_agents: bool = False
@@ -71,8 +71,7 @@ class LLMTrainConfig(TrainConfig):
     """LoRA alpha (scale alpha / rank)."""
     lora_targets: str = ""
     """Comma-separated module names to adapt (empty: peft's default for the architecture)."""
-    lr: float = 1e-4
-    """AdamW learning rate."""
+    lr: float = field_of(TrainConfig, "lr", 1e-4)
     warmup_updates: int = 0
     """Raise the learning rate linearly over this many updates (update u < N uses lr * (u + 1) / (N + 1))."""
     lr_schedule: str = "constant"
@@ -116,11 +115,7 @@ class LLMTrainConfig(TrainConfig):
     """--generate-url: cap C of the truncated importance weights min(exp(trainer log-prob - server log-prob), C) on each token's loss (0: no weights; the ratio then compares with the server's log-probabilities)."""
     converted_cache_dir: str | None = None
     """Where to keep a GGUF model's dequantised weights between runs."""
-    threads: int = 1
-    """torch CPU threads (1 is fastest on a loaded small CPU)."""
-    seed: int = 0
-    """Seed of problems and sampling."""
-    out: str = "runs/llm"
+    out: str = field_of(TrainConfig, "out", "runs/llm")
     """Output folder: metrics.jsonl/csv, tb/, reward_curves.png, checkpoint/, eval/."""
     save_merged: bool = False
     """lora: save one merged model per agent (checkpoint/merged/agent_i) instead of base plus adapters."""
@@ -136,6 +131,12 @@ class LLMTrainConfig(TrainConfig):
     """Test problems per evaluation seed."""
     eval_seeds: int = 1
     """Evaluation seeds."""
+
+    def completion_tokens(self) -> int:
+        """``max_tokens``, which the LLM trainers need as a number (the length their losses normalise by)."""
+        if self.max_tokens is None:
+            raise ValueError("max_tokens must be an integer >= 1 for the LLM trainers (their completions' length)")
+        return self.max_tokens
 
     def agents_trained(self) -> list[int]:
         """The indices of ``train_agents``; ValueError naming the team's range."""
@@ -176,6 +177,7 @@ class LLMTrainConfig(TrainConfig):
         if self.algo == "softrankpo" and self.advantage != "mean":
             raise ValueError(f"--advantage {self.advantage} does not apply to --algo softrankpo (rank quantiles have no "
                              "baseline): use it with magrpo or grpo, or leave --advantage mean")
+        self.completion_tokens()
         for name in ("max_tokens", "problems_per_update", "epochs", "micro_batch", "eval_problems", "eval_seeds",
                      "generate_batch", "lora_rank", "max_tree_nodes"):
             if getattr(self, name) < 1:
@@ -240,9 +242,9 @@ def text_env_kwargs(cfg: LLMTrainConfig, split: str) -> dict[str, Any]:
     task_options = dict(cfg.task_options)
     if isinstance(task_options.get("levels"), int):  # --task-option levels=0
         task_options["levels"] = (task_options["levels"],)
+    sampling = {name: getattr(cfg, name) for name in ("max_tokens", "temperature") if getattr(cfg, name) is not None}
     return {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds, "split": split,
-            "task_kwargs": task_options, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
-            **cfg.env_options}
+            "task_kwargs": task_options, **sampling, **cfg.env_options}
 
 
 def make_text_env(cfg: LLMTrainConfig, split: str = "train") -> Any:

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from baselines.llm.config import text_env_kwargs
+from baselines.llm.config import LLMTrainConfig, text_env_kwargs
 from deliberation_env.analysis.metrics import wilson_interval
 
 
-def meta_env(cfg: Any, backends: Sequence[Any] | None, check_problems: bool = False) -> Any:
+def meta_env(cfg: LLMTrainConfig, backends: Sequence[Any] | None, check_problems: bool = False) -> Any:
     """The meta-action env on the test split with the training settings, the agents answered by ``backends``
     (one per agent; None: the sim backend, for checking the settings). The meta-policy's schedule becomes the
     protocol of the same name (``deliberation_env.protocols``)."""
@@ -35,7 +35,7 @@ def meta_env(cfg: Any, backends: Sequence[Any] | None, check_problems: bool = Fa
     return env
 
 
-def evaluate_team(name: str, backends: Sequence[Any], cfg: Any) -> dict[str, Any]:
+def evaluate_team(name: str, backends: Sequence[Any], cfg: LLMTrainConfig) -> dict[str, Any]:
     """One evaluation row (``baselines.evaluation.evaluate.evaluate_entries``) of the team answered by ``backends``, plus
     ``accuracy_low``/``accuracy_high``: the Wilson 95% interval over all problems and seeds."""
     from baselines.evaluation.evaluate import evaluate_entries
@@ -58,7 +58,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def save_comparison(rows: Sequence[dict[str, Any]], out: str, cfg: Any) -> str:
+def save_comparison(rows: Sequence[dict[str, Any]], out: str, cfg: LLMTrainConfig) -> str:
     """``table.md/.csv`` (the meta-policy evaluation's table) and ``before_after.md`` (Wilson intervals)."""
     from baselines.evaluation.evaluate import save_table
 
@@ -98,7 +98,7 @@ def plot_reward_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
     return path
 
 
-def report(cfg: Any, progress: Any, checkpoint: str, backend_kwargs: dict[str, Any]) -> None:
+def report(cfg: LLMTrainConfig, progress: Any, checkpoint: str, backend_kwargs: dict[str, Any]) -> None:
     """After training (the main process): the settings next to the checkpoint, the reward curves, and with
     ``--evaluate`` the reloaded checkpoint's evaluation next to the one before training and the best ``--eval-every``
     team (``progress``: ``baselines.llm.checkpoint.Progress``)."""

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from baselines.advantages import baseline_advantages, grouped_apply, grouped_flat, softrank_advantages
+from baselines.llm.config import LLMTrainConfig
 from deliberation_env.backends.base import Completion, Request
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def planned_branching(env: Any, group_size: int, joint: str) -> list[int]:
     return branching
 
 
-def check_tree_size(states: int, cfg: Any, detail: str) -> None:
+def check_tree_size(states: int, cfg: LLMTrainConfig, detail: str) -> None:
     """ValueError naming the numbers and the ways to shrink the tree when ``states`` > ``cfg.max_tree_nodes``."""
     if states > cfg.max_tree_nodes:
         raise ValueError(
@@ -162,7 +163,7 @@ def check_tree_size(states: int, cfg: Any, detail: str) -> None:
             "drop the critic turns (--env-option confidence=answer_logprobs), or raise --max-tree-nodes")
 
 
-def check_planned_tree(env: Any, cfg: Any) -> None:
+def check_planned_tree(env: Any, cfg: LLMTrainConfig) -> None:
     """``check_tree_size`` for the tree planned from ``env``'s current state (reset it first)."""
     branching = planned_branching(env, cfg.group_size, cfg.joint)
     planned, leaves = tree_size(branching)
@@ -170,7 +171,7 @@ def check_planned_tree(env: Any, cfg: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- rollouts
-def collect(envs: Sequence[Any], team: Any, seeds: Sequence[int] | np.ndarray, update: int, trained: Sequence[int], cfg: Any,
+def collect(envs: Sequence[Any], team: Any, seeds: Sequence[int] | np.ndarray, update: int, trained: Sequence[int], cfg: LLMTrainConfig,
             samplers: Sequence[Any] | None = None, sampler_is_policy: bool | None = None) -> tuple[list[Sample], Tree]:
     """Grow one rollout tree per problem, ``envs[p]`` reset with ``seeds[p]`` as its root (module docstring); returns
     the trained agents' samples and the trees.
@@ -341,7 +342,7 @@ def tree_returns(tree: Tree, credit: str, gamma: float) -> dict[tuple[int, int, 
     return candidates
 
 
-def advantage_function(cfg: Any) -> Callable[[np.ndarray], np.ndarray]:
+def advantage_function(cfg: LLMTrainConfig) -> Callable[[np.ndarray], np.ndarray]:
     """One group's returns -> advantages: ``cfg.advantage``'s baseline (divided by the std with grpo or
     ``std_normalize``), or SoftRankPO's rank quantiles."""
     if cfg.algo == "softrankpo":
@@ -350,7 +351,7 @@ def advantage_function(cfg: Any) -> Callable[[np.ndarray], np.ndarray]:
     return lambda returns: baseline_advantages(returns, cfg.advantage, divide)
 
 
-def advantages(samples: Sequence[Sample], tree: Tree, cfg: Any) -> tuple[list[Sample], np.ndarray, dict[str, float]]:
+def advantages(samples: Sequence[Sample], tree: Tree, cfg: LLMTrainConfig) -> tuple[list[Sample], np.ndarray, dict[str, float]]:
     """The samples the loss uses (all, or with ``drop_flat_groups`` those of groups whose returns differ), their
     advantages, and stats: ``flat_groups`` (the share of groups whose returns are all equal), ``adv_groups`` and the
     trees' size per problem (``tree_states``, ``tree_leaves``)."""

@@ -75,7 +75,7 @@ def policy_update(team: Any, optimizer: Any, samples: Sequence[Sample], adv: np.
     backward = backward or (lambda loss: loss.backward())
     lengths = [len(s.completion_ids) for s in samples]
     batch_tokens, batch_completions = parallel.sum([sum(lengths), len(samples)])
-    normalizers = row_normalizers(lengths, cfg.loss_norm, batch_tokens, batch_completions, cfg.max_tokens)
+    normalizers = row_normalizers(lengths, cfg.loss_norm, batch_tokens, batch_completions, cfg.completion_tokens())
     by_agent: dict[int, list[int]] = {}
     for index, sample in enumerate(samples):
         by_agent.setdefault(sample.agent, []).append(index)

@@ -21,8 +21,6 @@ class BaseConfig(TrainConfig, BackendSettings):
     """Settings every meta-policy trainer has: the shared ``TrainConfig``, the backend flags (``BackendSettings``), the
     budget, the credit assignment, the network and the rollout workers."""
 
-    task: str = "arithmetic"
-    """deliberation_env task (ignored when train() gets an env_fn for another environment)."""
     replay: str | None = None
     """A replay set (shipped name, folder or hf://owner/name): train and evaluate on a real model's recorded behaviour
     with the set's own settings (task, prompts, agents, rounds, tokens); replaces task, backend and their options."""
@@ -34,27 +32,15 @@ class BaseConfig(TrainConfig, BackendSettings):
     same rollouts as the env gives, played by numpy) or 'env' (the PettingZoo env). Ignored without --replay."""
     data_dir: str | None = None
     """Benchmark data folder (default: $DELIBERATION_ENV_DATA)."""
-    num_agents: int = 3
-    """Agents in the deliberation (ignored with an env_fn)."""
-    max_rounds: int = 3
-    """Deliberation rounds per episode (ignored with an env_fn)."""
     token_cost: float = 0.0
     """Reward per token spent, the env's reward_weights['tokens'] (0: rewards for correctness only)."""
     episodes: int = 4000
     """Training budget in episodes (every sampled rollout counts, including each member of a group)."""
-    seed: int = 0
-    """Seed of the training run (network init, problem order, action sampling)."""
-    out: str = ""
-    """Output directory for metrics and checkpoints (default: runs/<algo>-seed<seed>)."""
     credit_span: str = field(default="episode", metadata={"argparse": {"choices": CREDIT_SPANS}})
     """What each round's credit spans: 'episode' (each agent's episode return for all its rounds) or 'round'
     (reward-to-go from each round, compared per round)."""
-    gamma: float = 1.0
-    """Discount of the reward-to-go with --credit-span round and of PPO's returns (0: each round's own reward)."""
     hidden: int = 64
     """Width of the policy network."""
-    lr: float = 3e-3
-    """Adam learning rate."""
     num_envs: int = 32
     """Environment instances stepped in lockstep (one batched forward pass per round)."""
     num_workers: int = 0
@@ -99,14 +85,15 @@ def env_kwargs(cfg: BaseConfig, split: str, backend: Any = None) -> dict[str, An
         replay = replay_backend(backend)
         card = replay.set.card if replay is not None else load_card(cfg.replay)
         kwargs: dict[str, Any] = {**env_settings(card), "split": split, "data_dir": cfg.data_dir}
-        if cfg.token_cost:
-            kwargs["reward_weights"] = {"tokens": cfg.token_cost}
-        return {**kwargs, **cfg.env_options}
+        return {**kwargs, **token_weights(cfg.token_cost), **cfg.env_options}
     kwargs = {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds,
               "split": split, "data_dir": cfg.data_dir}
-    if cfg.token_cost:
-        kwargs["reward_weights"] = {"tokens": cfg.token_cost}
-    return {**kwargs, **env_options(cfg)}
+    return {**kwargs, **token_weights(cfg.token_cost), **env_options(cfg)}
+
+
+def token_weights(token_cost: float) -> dict[str, Any]:
+    """The env keywords of ``--token-cost``: ``reward_weights={"tokens": C}`` when C is not 0, else none."""
+    return {"reward_weights": {"tokens": token_cost}} if token_cost else {}
 
 
 class EnvFactory:

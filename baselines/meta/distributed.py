@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from baselines.meta.config import EnvFactory, env_kwargs
+from baselines.meta.config import BaseConfig, EnvFactory, env_kwargs
 from baselines.meta.policy import ObsLayout, Policy
 from baselines.meta.rollout import EpisodeSpec, Rollouts, collect
 from baselines.meta.tree_rollout import TreeCollector
@@ -174,7 +174,7 @@ class RayCollector:
         self.env.close()
 
 
-def open_collector(cfg: Any, env_fn: Callable[[], Any], wave: int) -> LocalCollector | RayCollector | TreeCollector:
+def open_collector(cfg: BaseConfig, env_fn: Callable[[], Any], wave: int) -> LocalCollector | RayCollector | TreeCollector:
     """``RayCollector`` with ``cfg.num_workers`` workers (at ``cfg.ray_address``); else, for a replay set's envs
     with ``cfg.engine == "tree"``, a ``TreeCollector`` on its compiled tree (the same rollouts); else a
     ``LocalCollector``."""

@@ -24,6 +24,7 @@ import argparse
 import functools
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -38,26 +39,29 @@ from baselines.evaluation.evaluate import (
     plot_learning_curves,
     save_table,
 )
+from baselines.meta.config import BaseConfig, token_weights
 from baselines.meta.policy import Policy, load_checkpoint, load_policy
 from baselines.runtime import policy_threads
 from deliberation_env.backends.transformers import torch_threads
 from deliberation_env.cli import (
     ArgumentParser,
     add_backend_arguments,
+    add_config_arguments,
+    add_env_arguments,
     backend_settings,
+    env_arguments,
     env_options,
     nonnegative_int,
     positive_int,
     report_user_errors,
     user_input,
 )
-from deliberation_env.core.config import DeliberationConfig
-from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.protocols import PROTOCOLS, make_protocol, plays_team, protocol_agents
 from deliberation_env.replay import ReplayBackend, departures
 from deliberation_env.replay.backend import replay_backend
 
-DEFAULTS = DeliberationConfig()
-"""The env's own defaults, named in the help of the flags that override them."""
+TEAM_FLAGS = ("num_agents", "max_rounds")
+"""The env settings whose flags come from ``DeliberationConfig``'s declaration."""
 
 
 class PolicyActor:
@@ -104,8 +108,7 @@ def standard_entries(checkpoints: dict[str, str], protocols: Sequence[str], env_
         agents = policy.layout.num_peers + 1
         entries.append((name, functools.partial(PolicyActor, policy, deterministic, threads), env_for(name, agents)))
     for proto in protocols:
-        entries.append((proto, functools.partial(make_protocol, proto),
-                        env_for(proto, 1 if proto == "single" else None)))
+        entries.append((proto, functools.partial(make_protocol, proto), env_for(proto, protocol_agents(proto))))
     return entries
 
 
@@ -151,12 +154,10 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--task", default=None, help="the task (default: arithmetic, or the replay set's)")
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (default: $DELIBERATION_ENV_DATA)")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--max-rounds", type=positive_int, default=None,
-                        help=f"deliberation rounds (default {DEFAULTS.max_rounds}, or the replay set's)")
-    parser.add_argument("--num-agents", type=positive_int, default=None,
-                        help=f"agents of the protocols (default {DEFAULTS.num_agents}, or the replay set's; policies "
-                             "use their checkpoint's, single uses 1)")
-    parser.add_argument("--token-cost", type=float, default=0.0, help="the env's reward weight of tokens (scores only)")
+    # not given: the env's defaults, or the replay set's; policies play their checkpoint's team, a protocol its own
+    # when it declares one (single: 1)
+    add_env_arguments(parser, TEAM_FLAGS)
+    add_config_arguments(parser, BaseConfig, skip=[f.name for f in fields(BaseConfig) if f.name != "token_cost"])
     parser.add_argument("--num-envs", type=positive_int, default=32,
                         help="episodes played together, answered in one backend call per phase (default 32)")
     parser.add_argument("--threads", type=positive_int, default=None,
@@ -182,22 +183,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         parser.error(f"unknown protocol(s) {unknown}; choose all, none or some of {list(PROTOCOLS)}")
     if not args.checkpoints and not protocols:
         parser.error("nothing to evaluate: give --checkpoints and/or --protocols")
-    if args.replay and (args.backend != "sim" or args.model or args.base_url or args.cache):
+    if args.replay and (args.backend != parser.get_default("backend") or args.model or args.base_url or args.cache):
         parser.error("--replay plays the set's recorded model: drop --backend, --model, --base-url and --cache")
     with user_input():
         checkpoints, metrics = _named(args.checkpoints), _named(args.metrics)
         _check_paths(metrics, "--metrics")
         backend = ReplayBackend(args.replay) if args.replay else backend_settings(args).build()
-        given = {"task": args.task, "max_rounds": args.max_rounds, "num_agents": args.num_agents}
         env_kwargs = {"backend": backend, "split": args.split, "data_dir": args.data_dir,
-                      **{name: value for name, value in given.items() if value is not None}, **env_options(args)}
-        if args.token_cost:
-            env_kwargs["reward_weights"] = {"tokens": args.token_cost}
+                      **({"task": args.task} if args.task is not None else {}), **env_arguments(args, TEAM_FLAGS),
+                      **token_weights(args.token_cost), **env_options(args)}
         env = deliberation_env.parallel_env(**env_kwargs)
         check_problem_count(env, args.problems)
         header = replay_header(env)
         if header and args.protocols == ["all"]:  # a set is recorded with its agents: single would play one
-            protocols = [p for p in protocols if p != "single"]
+            protocols = [p for p in protocols if plays_team(p, env.config.num_agents)]
         for path in checkpoints.values():  # a missing or foreign checkpoint fails before anything is written
             load_checkpoint(path)
         os.makedirs(args.out, exist_ok=True)

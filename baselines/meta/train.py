@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baselines.meta.config import build_backend, env_kwargs, make_env_fn
+from baselines.meta.config import BaseConfig, build_backend, env_kwargs, make_env_fn
 from baselines.meta.policy import Policy, load_checkpoint
 from deliberation_env.cli import (
     BACKEND_FLAGS,
@@ -77,7 +77,7 @@ def config_class(algo: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def run(algo: str, cfg: Any, env_fn: Callable[[], Any] | None = None) -> Policy:
+def run(algo: str, cfg: BaseConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     """Train ``algo`` with ``cfg`` (validated) on ``env_fn`` (default: the deliberation env of cfg)."""
     config_class(algo)
     cfg.validate()
@@ -94,13 +94,13 @@ def build_parser(algo: str) -> ArgumentParser:
     return parser
 
 
-def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: Any = None) -> str:
+def evaluate_run(algo: str, cfg: BaseConfig, out: str, options: EvalOptions, backend: Any = None) -> str:
     """Evaluate ``<out>/policy.pt`` (and ``<out>/sft/policy.pt``) and the fixed protocols on the test split with
     the training env's settings (agents, rounds, token cost, sampling; ``single`` keeps one agent); save the
     table and plots under ``<out>/eval``. ``backend``: the backend object to share (default: the config's)."""
     from baselines.evaluation import evaluate
     from baselines.meta.evaluate import standard_entries
-    from deliberation_env.protocols import PROTOCOLS
+    from deliberation_env.protocols import PROTOCOLS, plays_team
 
     checkpoints = {}
     if os.path.exists(os.path.join(out, "sft", "policy.pt")):
@@ -108,9 +108,10 @@ def evaluate_run(algo: str, cfg: Any, out: str, options: EvalOptions, backend: A
     checkpoints[algo] = os.path.join(out, "policy.pt")
     backend = backend if backend is not None else build_backend(cfg)
     kwargs = {**env_kwargs(cfg, "test", backend), "backend": backend}
-    # A replay set is recorded with its agents: a one-agent env would ask for other requests (single is the first
-    # agent's round-0 answer there; bench/benchmark/replay_benchmark.py reports it from the tree).
-    protocols = [p for p in PROTOCOLS if not (cfg.replay and p == "single")]
+    # A replay set is recorded with its agents: a protocol that declares another team (single: one agent) would ask
+    # for other requests (single is the first agent's round-0 answer there; bench/benchmark/replay_benchmark.py reports
+    # it from the tree).
+    protocols = [p for p in PROTOCOLS if not cfg.replay or plays_team(p, kwargs["num_agents"])]
     trace = evaluate.open_trace(options.trace)
     try:
         entries = standard_entries(checkpoints, protocols, kwargs, threads=cfg.threads, trace=trace)
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
     return policy
 
 
-def benchmark_cell(cfg: Any) -> str | None:
+def benchmark_cell(cfg: BaseConfig) -> str | None:
     """The benchmark cell (``baselines.benchmark.GAMES``) a replay run plays, or None when its env options are
     another game."""
     from baselines.benchmark import GAMES

@@ -28,7 +28,7 @@ from baselines.evaluation.evaluate import (
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.protocols import PROTOCOLS, make_protocol, plays_team, protocol_agents
 
 
 def train_seed(args: tuple[int, str, int, bool]) -> str:
@@ -66,7 +66,8 @@ def main() -> None:
         runs = [play_records(env, PolicyActor(load_policy(p)), args.problems, s) for s, p in zip(args.seeds, paths)]
         rows.append(summarize(name, runs))
     for proto in PROTOCOLS:
-        proto_env = deliberation_env.parallel_env(split="test", num_agents=1) if proto == "single" else env
+        proto_env = env if plays_team(proto, env.config.num_agents) else deliberation_env.parallel_env(
+            split="test", num_agents=protocol_agents(proto))
         rows.append(summarize(proto, [play_records(proto_env, make_protocol(proto), args.problems, s) for s in args.seeds]))
     table = save_table(rows, RESULTS, "learned_vs_protocols")
     print(f"\nTest split, {args.problems} problems, seeds {args.seeds} (train seed = eval seed for learned rows):")

@@ -25,10 +25,11 @@ import time
 import numpy as np
 import torch
 from _results import RESULTS, command_line
-from _suite import read, train_and_score
+from _suite import choices, read, train_and_score
 
-from baselines.benchmark import parse_cell
+from baselines.benchmark import Scores, parse_cell
 from baselines.meta.policy import load_policy
+from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
 OUT = os.path.join(RESULTS, "machine_spread")
@@ -83,7 +84,7 @@ def train(args) -> None:
             began = time.perf_counter()
             stem = f"final-lr{lr:g}-seed{seed}"
             scores = train_and_score(cell, trainer, {"lr": lr}, seed, args.episodes, ("test",),
-                                     os.path.join(runs, "scores", trainer), stem, runs=runs)
+                                     os.path.join(OUT, machine, trainer), stem, runs=runs)
             row = {"machine": machine, "cpu": name, "isa": isa, "capability": capability, "torch": torch.__version__,
                    "trainer": trainer, "seed": seed, "lr": lr,
                    "test_accuracy": f"{scores['test'].accuracy.mean():.4f}",
@@ -147,10 +148,41 @@ def compare(args) -> None:
             lines.append(f"| {machine} | {mine[0]['cpu']} | {trainer} | {len(seeds)} | {same}/{len(seeds)} | "
                          f"{diff.mean():+.1f} [{np.percentile(draws, 2.5):+.1f}, {np.percentile(draws, 97.5):+.1f}] | "
                          f"{diff[np.argmax(np.abs(diff))]:+.1f} |")
+    lines += pooled(parse_cell(args.cell), machines, table)
     text = "\n".join(lines) + "\n"
     print(text)
     with open(os.path.join(RESULTS, "machine_spread.md"), "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def pooled(cell, machines: list[str], table: dict, level: float = 1 - 0.05 / 6) -> list[str]:
+    """Each trainer's difference to the best protocol with the leaderboard's interval, over the suite's runs alone
+    and over its runs pooled with every machine's (the interval then covers the machines' spread too); a run whose
+    weights are the suite's run's bits is not another run, and is left out."""
+    found = read(os.path.join(SUITE, cell.name.replace(":", "-")))
+    best, ordered = choices(found)
+    reference = found["protocols"]["test"][best].accuracy
+    lines = ["", f"Difference to {best} in points, hierarchical bootstrap over runs and, paired, problems at the "
+             f"leaderboard's level ({100 * level:.2f}%): the suite's runs alone, then pooled with each machine's runs "
+             "of the same seeds as further runs of the row.", "",
+             "| trainer | runs | suite alone | pooled runs | pooled |", "|---|---|---|---|---|"]
+    for trainer, row in ordered:
+        theirs = [scores.accuracy for scores in row["runs"]]
+        mine = []
+        for machine in machines:
+            for path in sorted(glob.glob(os.path.join(OUT, machine, trainer, "*-test.csv"))):
+                seed = int(path.rsplit("seed", 1)[1].split("-")[0])
+                run, suite = table.get((machine, trainer, seed)), table.get(("suite", trainer, seed))
+                if run is not None and (suite is None or run["weights"] != suite["weights"]):
+                    mine.append(Scores.load(path).accuracy)
+        if not mine:
+            continue
+        cells = [hierarchical_bootstrap([np.stack(runs), reference], [1.0, -1.0], level=level)
+                 for runs in (theirs, theirs + mine)]
+        lines.append(f"| {trainer} | {len(theirs)} + {len(mine)} | "
+                     + f" | {len(theirs) + len(mine)} | ".join(f"{100 * e:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                                                             for e, lo, hi in cells) + " |")
+    return lines
 
 
 def main(argv=None) -> None:

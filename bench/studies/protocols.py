@@ -16,11 +16,11 @@ import numpy as np
 import deliberation_env
 from baselines.evaluation import evaluate
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.protocols import PROTOCOLS, make_protocol, protocol_agents
 
 
 def play(protocol_name: str, problems: int, seed: int, **env_kwargs) -> dict[str, float]:
-    num_agents = 1 if protocol_name == "single" else env_kwargs.pop("num_agents", 3)
+    num_agents = protocol_agents(protocol_name, env_kwargs.pop("num_agents", None))  # None: the env's default
     env = deliberation_env.parallel_env(num_agents=num_agents, split="test", **env_kwargs)
     metrics = evaluate.play(env, make_protocol(protocol_name), problems, seed)
     return {key: metrics[key] for key in ("accuracy", "tokens", "p_persist", "p_refine", "p_concede")}

@@ -46,7 +46,7 @@ from baselines.meta.evaluate import PolicyActor
 from deliberation_env.analysis.traces import TraceWriter
 from deliberation_env.backends.cache import cache_key
 from deliberation_env.cli import ArgumentParser
-from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.protocols import PROTOCOLS, make_protocol, protocol_agents
 from deliberation_env.testing.llama_server import llama_server
 
 ACTIONS = ACTION_NAMES
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         with TraceWriter(heldout_path) as trace:
             for name in ["debate", *[p for p in PROTOCOLS if p != "debate"]]:
                 row = play(name, lambda n=name: make_protocol(n), args, backend, "test", args.test_problems, trace,
-                           agents=1 if name == "single" else None)
+                           agents=protocol_agents(name))
                 rows.append(row)
                 print(f"  {name}: {row['accuracy']:.3f}, {row['tokens']:.0f} tokens, {row['seconds']:.0f} s", flush=True)
         debate_seconds = rows[0]["seconds"]

@@ -122,7 +122,9 @@ def main(argv=None) -> None:
     lines = [f"# Does the recording engine reproduce a completion? ({dataset.card.name})", "", f"`{command_line()}`",
              "", f"The round-0 requests of recorded test problems 0-{args.problems - 1} ({len(requests)}: "
              + ", ".join(f"{sum(str(r.kind) == k for r in requests)} {k}" for k in kinds)
-             + f"), answered again through {model}. Cells: completions whose text equals the column's, of all.", "",
+             + f"), answered again through {model} on {os.environ.get('THREADS', os.cpu_count())} thread(s) a server "
+             f"(the set was recorded on {dataset.card.sampling.get('server', 'its server')}). Cells: completions whose "
+             "text equals the column's, of all.", "",
              "| way | seconds | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for way in names:
         cells = []

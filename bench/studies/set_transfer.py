@@ -27,6 +27,7 @@ from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features
 from deliberation_env.make import replay_env
+from deliberation_env.protocols import protocol_agents
 from deliberation_env.replay import ReplayError, ReplaySet
 
 
@@ -52,7 +53,7 @@ def check_layouts(sets: dict[str, ReplaySet], env_options: dict) -> None:
 def protocol_to_beat(dataset: ReplaySet, env_options: dict) -> tuple[str, np.ndarray]:
     """The best fixed protocol on the set's train split (``single`` aside: it needs the tree), and its test runs."""
     train = protocol_rows(dataset, [0], "train", env_options)
-    best = max((name for name in PROTOCOL_ROWS if name != "single"), key=lambda n: train[n]["correct"].mean())
+    best = max((name for name in PROTOCOL_ROWS if protocol_agents(name) is None), key=lambda n: train[n]["correct"].mean())
     return best, protocol_rows(dataset, [0], "test", env_options, names=(best,))[best]["runs"]
 
 

@@ -5,8 +5,8 @@
 ``replay_comparison(dataset, outdir, make_env=parallel_env)`` (the envs come from ``make_env``, a factory with
 ``parallel_env``'s keywords: analysis sits below ``deliberation_env.make``):
 
-1. plays the fixed protocols (``REPLAY_PROTOCOLS``: every one but ``single``, which needs one agent and
-   cannot be replayed from a set of several) on the set's train split, on replay, traced;
+1. plays the fixed protocols (``REPLAY_PROTOCOLS``: every one that plays any team; ``single`` declares one agent
+   and cannot be replayed from a set of several) on the set's train split, on replay, traced;
 2. fits the sim to those traces (``sim_fit.fit``);
 3. plays the same protocols on the test split, on replay (the real model) and on the fitted sim, with
    the same problems and episode seeds (``comparison_seed``: a replay set with S sample streams answers
@@ -35,10 +35,11 @@ from deliberation_env.analysis.sim_fit import extract_events, fit, write_config
 from deliberation_env.analysis.solve_fit import agreement_shares
 from deliberation_env.analysis.traces import Episode, TraceWriter, read_traces
 from deliberation_env.backends.sim import SimConfig
-from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.protocols import PROTOCOLS, make_protocol, protocol_agents
 
-REPLAY_PROTOCOLS = tuple(name for name in PROTOCOLS if name != "single")
-"""``single`` needs ``num_agents=1``: a set recorded with several agents cannot replay it."""
+REPLAY_PROTOCOLS = tuple(name for name in PROTOCOLS if protocol_agents(name) is None)
+"""The protocols that play any team: one that declares its team size (``single``: one agent) cannot replay a set
+recorded with another."""
 DEFAULT_SEEDS = 16
 """Episode seeds per problem and protocol."""
 BOOTSTRAP_RESAMPLES = 2000
@@ -149,8 +150,8 @@ def _result(card: Any, real: Sequence[Episode], sim: Sequence[Episode], config: 
         "replay_set": card.name, "model": card.model, "test_problems": len(problems),
         "train_problems": len(card.splits["train"]), "seeds_per_problem": seeds, "streams": card.streams,
         "rounds": card.rounds, "protocols": rows, "spearman": rho, "spearman_bootstrap_95": interval,
-        "left_out": {"single": "needs num_agents=1; the set was recorded with "
-                               f"{card.settings.get('num_agents')} agents"},
+        "left_out": {name: f"needs num_agents={protocol_agents(name)}; the set was recorded with "
+                           f"{card.settings.get('num_agents')} agents" for name in PROTOCOLS if name not in REPLAY_PROTOCOLS},
         "agreement_train_fit": notes["agreement"],
         "agreement_test": {"real": _observed_agreement(real), "sim": _observed_agreement(sim)},
         "fixed": fixed, "config": {name: getattr(config, name) for name in SHOWN_KNOBS},
@@ -198,7 +199,8 @@ def _markdown(result: dict[str, Any], real: dict[str, Any], sim: dict[str, Any])
     lines += ["", f"Fitted: {knobs}."]
     if result["fixed"]:
         lines.append(f"Held fixed, not fitted: {result['fixed']}.")
-    lines += [f"Left out: `single` ({result['left_out']['single']})."]
+    if result["left_out"]:
+        lines += [f"Left out: {'; '.join(f'`{name}` ({why})' for name, why in result['left_out'].items())}."]
     if result["defaults_kept"]:
         lines.append("Kept at their default: " + ", ".join(f"{k} ({v})" for k, v in result["defaults_kept"].items()) + ".")
     return "\n".join(lines) + "\n"

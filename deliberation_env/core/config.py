@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,13 @@ CONFIDENCE_SOURCES = ("critic", "critic_text", "answer_logprobs")
 
 @dataclass(frozen=True)
 class DeliberationConfig:
-    """Settings of the deliberation (validated on construction)."""
+    """Settings of the deliberation (validated on construction). Each field is declared here once: its default, and
+    the docstring under it, are the help of every program's flag for it (``cli.add_env_arguments``)."""
 
-    num_agents: int = 3
-    max_rounds: int = 3
+    num_agents: int = field(default=3, metadata={"minimum": 1})
+    """Agents in the deliberation."""
+    max_rounds: int = field(default=3, metadata={"minimum": 1})
+    """Deliberation rounds after round 0."""
     concede_target: str = "most_confident"
     """Whom CONCEDE adopts: the most confident disagreeing peer, or the peers' plurality answer."""
     concede_to_peer: bool = False
@@ -38,11 +41,15 @@ class DeliberationConfig:
     log-probabilities, else the number or verdict it writes), ``critic_text`` (the same call without
     asking for log-probabilities, for servers that cannot return them), or ``answer_logprobs`` (the
     probability of the answer's own tokens in the solution: no critic call at all)."""
-    max_tokens: int = 512
-    critic_max_tokens: int = 48
+    max_tokens: int = field(default=512, metadata={"minimum": 1})
+    """Tokens per solution or refinement."""
+    critic_max_tokens: int = field(default=48, metadata={"minimum": 1})
+    """Tokens per critic (confidence) call."""
     temperature: float = 0.7
+    """Sampling temperature of solutions and refinements."""
     critic_temperature: float = 0.0
-    streams: int | None = None
+    """Sampling temperature of critic calls."""
+    streams: int | None = field(default=None, metadata={"minimum": 1})
     """When set, every episode draws its generations from one of this many sample streams per problem: the
     episode seed picks stream ``seed % streams``, whose seed is ``stream_seed(stream, problem id)``. Replay sets
     record S streams per problem and set this to S; None (the default) uses the episode seed itself."""
@@ -57,12 +64,9 @@ class DeliberationConfig:
     one), or None: the homogeneous team. Stored as a tuple of ``Role``."""
 
     def __post_init__(self) -> None:
-        _check_int("num_agents", self.num_agents, 1)
-        _check_int("max_rounds", self.max_rounds, 1)
-        _check_int("max_tokens", self.max_tokens, 1)
-        _check_int("critic_max_tokens", self.critic_max_tokens, 1)
-        if self.streams is not None:
-            _check_int("streams", self.streams, 1)
+        for declared in fields(self):  # the integer fields declare their minimum
+            if "minimum" in declared.metadata and getattr(self, declared.name) is not None:
+                _check_int(declared.name, getattr(self, declared.name), declared.metadata["minimum"])
         if self.request_format not in REQUEST_FORMATS:
             raise ValueError(f"request_format must be one of {REQUEST_FORMATS}, got {self.request_format!r}")
         if self.confidence not in CONFIDENCE_SOURCES:

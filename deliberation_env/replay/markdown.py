@@ -41,6 +41,18 @@ def accuracy_table(stats: dict) -> list[str]:
             row("all", tallies)]
 
 
+def reproducibility_text(stated: dict) -> str:
+    """The card's sentence on whether the recording engine gives a request's completion again."""
+    if not stated:
+        return ("Not measured for this set: do not assume that sending a recorded request again returns the recorded "
+                "completion (recording again makes a new set).")
+    verdict = {True: "The recording engine reproduces a completion from its request.",
+               False: "The recording engine does not reproduce a completion from its request: recording again makes a "
+                      "new set (another sample of the model), not a copy.",
+               None: "Whether the recording engine reproduces a completion from its request is not known."}
+    return f"{verdict[stated.get('reproduces')]} {stated.get('summary', '')} ({stated.get('measured', 'unmeasured')})"
+
+
 def card_markdown(card: ReplayCard) -> str:
     stats = card.stats
     weights = card.weights
@@ -77,6 +89,7 @@ def card_markdown(card: ReplayCard) -> str:
         "",
         *accuracy_table(stats),
     ]
+    lines += ["", "## Reproducibility", "", reproducibility_text(card.reproducibility)]
     foreign = {name: entry["model"] for name, entry in card.files.items() if entry.get("model", card.model) != card.model}
     if card.notes or foreign:
         lines += ["", "## Known limits", "", *[f"- {note}" for note in card.notes],

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+from deliberation_env.registry import BACKENDS
 from deliberation_env.replay.format import sha256_file
 from deliberation_env.tasks.base import Problem, Task
 
@@ -43,13 +44,15 @@ def sampling_of(task: Task, config: DeliberationConfig, problem: Problem) -> dic
 
 def weights_of(backend: str, model: str | None, source: str | None = None, license: str | None = None, *,
                file: str | None = None) -> dict[str, Any]:
-    """The model file's sha256, size and origin when the recorder can see it; else ``sha256`` None and why.
-    ``file``: for a served model, the file the server loaded (the recorder cannot see which one it did)."""
-    if backend == "sim":
-        return {"sha256": None, "reason": "the sim backend has no weights"}
+    """The model file's sha256, size and origin when the recorder can see it; else ``sha256`` None and why (where the
+    weights are is the backend's declaration, ``registry.BackendSpec.weights``). ``file``: for a served model, the
+    file the server loaded (the recorder cannot see which one it did)."""
+    weights = BACKENDS.spec(backend).weights
+    if weights == "none":
+        return {"sha256": None, "reason": f"the {backend} backend has no weights"}
     if file is not None:
         return {**_file_weights(Path(file).expanduser(), source, license), "served_as": model}
-    if backend == "openai":
+    if weights == "served":
         return {"sha256": None, "source": source, "license": license,
                 "reason": f"served by an OpenAI-compatible server as {model!r}: its weights are not visible here"}
     path = Path(model).expanduser() if model else None
