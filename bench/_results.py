@@ -1,5 +1,9 @@
 """What the bench scripts share: the results folder, the command that reproduces a run, saving a
-Markdown table there, and a backend wrapper that counts what passes through it."""
+Markdown table there, and a backend wrapper that counts what passes through it.
+
+The bench's shared helpers (this file, ``_trees.py``, ``_replay_rows.py``, ``_suite.py``) live in ``bench/``; each
+script folder (``benchmark/``, ``studies/``) holds a symbolic link to each, so that ``python bench/<folder>/<script>.py``
+imports them from the script's own folder, with no edit of ``sys.path``."""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import sys
 
 from deliberation_env.analysis.metrics import wilson_interval  # noqa: F401 - re-exported for the bench scripts
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(os.path.realpath(__file__))
+"""``bench/`` itself, also when imported through a script folder's link."""
 RESULTS = os.path.join(BENCH, "results")
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from deliberation_env.core import features
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.make import replay_env
+from deliberation_env.replay import ReplaySet
 from deliberation_env.vector import Start, Step, run_episodes
 
 EXHAUSTIVE_LIMIT = 20_000

@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 from _results import RESULTS, command_line
-from benchmark_suite import choices, read
+from _suite import choices, read
 
 from baselines.benchmark import loaded, parse_cell
 from baselines.evaluation.evaluate import episode_seed, play_episodes

@@ -7,7 +7,7 @@
 
 (or ``--backend openai`` against the server the set was recorded through: bench/record/llama_server.sh.)
 
-1. Trains SoftRankPO on the set's train split with the observation of --features, as bench/replay_benchmark.py
+1. Trains SoftRankPO on the set's train split with the observation of --features, as bench/benchmark/replay_benchmark.py
    does (kept in <runs>/policy-<features>: a rerun loads it).
 2. Plays it and the fixed protocols (--protocols) on the set's test split: the replay's prediction.
 3. Plays the same policy and protocols live, through the backend flags, on test problems outside the recording
@@ -29,8 +29,8 @@ import os
 import time
 
 import numpy as np
+from _replay_rows import play_rows
 from _results import RESULTS, command_line, wilson_interval
-from replay_benchmark import play_rows
 
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.evaluate import PolicyActor
@@ -40,8 +40,9 @@ from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.core.features import FEATURE_SETS
 from deliberation_env.env import DeliberationEnv
+from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
-from deliberation_env.replay import ReplaySet, env_settings, replay_env
+from deliberation_env.replay import ReplaySet, env_settings
 
 
 def problem_range(text: str) -> range:
@@ -52,7 +53,7 @@ def problem_range(text: str) -> range:
 
 
 def trained_policy(dataset: ReplaySet, args):
-    """SoftRankPO trained on the train split (bench/replay_benchmark.py's settings), or the one a run saved."""
+    """SoftRankPO trained on the train split (bench/benchmark/replay_benchmark.py's settings), or the one a run saved."""
     out = os.path.join(args.runs, f"policy-{args.features}")
     path = os.path.join(out, "policy.pt")
     if not os.path.exists(path):

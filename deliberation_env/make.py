@@ -1,9 +1,10 @@
 """The env factories: ``parallel_env`` (a named task and backend) and ``replay_env`` (a replay set's own settings).
 
 They sit above the env, replay and analysis modules, which never import them: the env binds a replay backend
-(``replay.backend.bind_replay``) without replay knowing the env, and ``trace=`` wraps the env in
-``analysis.traces.TraceWrapper`` here, outside it. Both are re-exported as ``deliberation_env.parallel_env`` and
-``deliberation_env.replay_env`` (and ``deliberation_env.replay.replay_env``).
+(``replay.backend.bind_replay``) without replay knowing the env, ``trace=`` wraps the env in
+``analysis.traces.TraceWrapper`` here, outside it, and analysis takes an env factory as an argument (the program
+``analysis.calibrate`` hands it ``parallel_env``). Both are re-exported as ``deliberation_env.parallel_env`` and
+``deliberation_env.replay_env``.
 """
 
 from __future__ import annotations

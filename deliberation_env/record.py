@@ -191,12 +191,9 @@ def card_stats(task: Any, card: ReplayCard, out: Path, seconds: float) -> dict[s
     }
 
 
-@report_user_errors("python -m deliberation_env.record")
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.check:
-        return check_set(args)
-    from deliberation_env.registry import BACKENDS, TASKS
+def check_served_model_flags(args: Any) -> None:
+    """``--weights-file`` and ``--server-info`` describe a served model: only with a backend that serves one."""
+    from deliberation_env.registry import BACKENDS
 
     if (args.weights_file or args.server_info) and BACKENDS.spec(args.backend).weights != "served":
         raise UserError("--weights-file and --server-info describe a served model (--backend openai); with "
@@ -204,6 +201,91 @@ def main(argv: list[str] | None = None) -> int:
     if args.weights_file and not Path(args.weights_file).expanduser().is_file():
         raise UserError(f"--weights-file {args.weights_file}: no such file (name the model file the server loaded)")
 
+
+def fresh_card(args: Any, out: Path, task: Any, config: DeliberationConfig, chosen: list[tuple[int, Any]]) -> ReplayCard:
+    """The card this command would write for a new set (the model is filled in once it is loaded)."""
+    return ReplayCard(name=args.name or out.resolve().name, model="", backend="",
+                      task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
+                      rounds=config.max_rounds, confidence=args.confidence, confidence_sources=list(args.sources),
+                      streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
+                      partial=args.branch_limit is not None and config.max_rounds > 1, branch_limit=args.branch_limit,
+                      concede_targets=args.concede_targets, sampling=sampling_of(task, config, chosen[0][1]),
+                      versions=library_versions())
+
+
+def describe_model(card: ReplayCard, args: Any, settings: Any, backend: Any) -> None:
+    """Fill in what made the set: the loaded model's identity, its weights and the server's description."""
+    card.model, card.backend = backend.identity(), f"{type(backend).__name__} ({settings.backend})"
+    card.weights = weights_of(settings.backend, settings.model, args.weights_source, args.weights_license,
+                              file=args.weights_file)
+    if args.server_info:
+        card.sampling["server"] = args.server_info
+
+
+def resumed_card(recorded: ReplayCard, fresh: ReplayCard) -> ReplayCard:
+    """The recorded card, checked against this command's model (and weights), with what a migrated set lacks."""
+    check_same(recorded, fresh, ("model",))
+    if recorded.weights.get("sha256") and fresh.weights.get("sha256") not in (None, recorded.weights["sha256"]):
+        raise UserError(f"--model's file has sha256 {fresh.weights['sha256']}, the set was recorded with "
+                        f"{recorded.weights['sha256']}: record a new set into another folder")
+    for name in ("sampling", "versions"):  # a migrated set may lack them
+        if not getattr(recorded, name):
+            setattr(recorded, name, getattr(fresh, name))
+    if not recorded.weights.get("sha256"):
+        recorded.weights = fresh.weights
+    return recorded
+
+
+def chunk_name(split: str, chunk: list[tuple[int, Any]]) -> str:
+    """A chunk's file name: its split and the positions of its first and last problem."""
+    return f"{split}-{chunk[0][0]:05d}-{chunk[-1][0]:05d}"
+
+
+def record_chunk(recorder: TreeRecorder, chunk: list[tuple[int, Any]], args: Any, out: Path, card: ReplayCard,
+                 records: dict[str, dict[str, Any]], bar: Any) -> Counter:
+    """Record one chunk's problems, ``--wave`` at a time, into its partial file, then write its Parquet file and add
+    it to the card; returns the unique requests per round."""
+    name = chunk_name(args.split, chunk)
+    partial = PartialFile(out / "chunks" / f"{name}.partial.jsonl")
+    for record in partial.read():
+        records[record["key"]] = record
+    rounds: Counter = Counter()
+    ids = [p.id for _, p in chunk]
+    for k in range(0, len(chunk), args.wave):
+        wave = [p for _, p in chunk[k:k + args.wave]]
+        stats = recorder.record(wave, args.split, partial.append,
+                                on_wave=lambda depth, n: bar.set_postfix(round=depth, requests=n))
+        for (_, round_), count in stats.requests.items():
+            rounds[round_] += count
+        bar.update(len(wave))
+    chunk_ids = set(ids)
+    written = sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
+                     key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"]))
+    card.files[f"chunks/{name}.parquet"] = write_chunk(out / "chunks" / f"{name}.parquet", written)
+    card.index[f"chunks/{name}.parquet"] = records_per_problem(written, ids)
+    partial.remove()
+    card.splits[args.split] = [*card.splits.get(args.split, []), *ids]
+    return rounds
+
+
+def write_set_files(card: ReplayCard, task: Any, config: DeliberationConfig, out: Path, split: str,
+                    seconds: float) -> None:
+    """The split's problems, the card's statistics, the card and its README, after each chunk."""
+    card.files[f"problems/{split}.parquet"] = write_problems(
+        out / "problems" / f"{split}.parquet", problem_rows(task, split, card.splits[split], config.roles))
+    card.stats = card_stats(task, card, out, seconds)
+    write_card(out, card)
+    (out / "README.md").write_text(card_markdown(card), encoding="utf-8")
+
+
+@report_user_errors("python -m deliberation_env.record")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.check:
+        return check_set(args)
+    from deliberation_env.registry import TASKS
+
+    check_served_model_flags(args)
     with user_input("--task"):
         task = TASKS.make(args.task, data_dir=args.data_dir, **args.task_options)
         problems = list(task.problems(args.split))
@@ -215,13 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     card_path = out / "card.json"
     with user_input("--out"):
         recorded = ReplayCard.from_json(card_path.read_text(encoding="utf-8"), str(card_path)) if card_path.is_file() else None
-    fresh = ReplayCard(name=args.name or out.resolve().name, model="", backend="",
-                       task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
-                       rounds=config.max_rounds, confidence=args.confidence, confidence_sources=list(args.sources),
-                       streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
-                       partial=args.branch_limit is not None and config.max_rounds > 1, branch_limit=args.branch_limit,
-                       concede_targets=args.concede_targets, sampling=sampling_of(task, config, chosen[0][1]),
-                       versions=library_versions())
+    fresh = fresh_card(args, out, task, config, chosen)
     if recorded is not None:
         check_same(recorded, fresh)  # before the early exit: a finished range under other settings is no answer
         if {p.id for _, p in chosen} <= set(recorded.splits.get(args.split, [])):
@@ -230,23 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     settings = backend_settings(args)
     backend = settings.build()
-    fresh.model, fresh.backend = backend.identity(), f"{type(backend).__name__} ({settings.backend})"
-    fresh.weights = weights_of(settings.backend, settings.model, args.weights_source, args.weights_license,
-                               file=args.weights_file)
-    if args.server_info:
-        fresh.sampling["server"] = args.server_info
-    card = fresh
-    if recorded is not None:
-        card = recorded
-        check_same(card, fresh, ("model",))
-        if card.weights.get("sha256") and fresh.weights.get("sha256") not in (None, card.weights["sha256"]):
-            raise UserError(f"--model's file has sha256 {fresh.weights['sha256']}, the set was recorded with "
-                            f"{card.weights['sha256']}: record a new set into another folder")
-        for name in ("sampling", "versions"):  # a migrated set may lack them
-            if not getattr(card, name):
-                setattr(card, name, getattr(fresh, name))
-        if not card.weights.get("sha256"):
-            card.weights = fresh.weights
+    describe_model(fresh, args, settings, backend)
+    card = fresh if recorded is None else resumed_card(recorded, fresh)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m deliberation_env.record " + shlex.join(sys.argv[1:] if argv is None else argv)
     command = command.replace(str(Path.home()), "~")  # no home folder of the recording machine in the card
@@ -260,41 +321,17 @@ def main(argv: list[str] | None = None) -> int:
                             records=records, branch_limit=args.branch_limit,
                             all_targets=args.concede_targets == "all")
     todo = [(i, p) for i, p in chosen if p.id not in done]
-    chunks = [todo[k:k + args.chunk] for k in range(0, len(todo), args.chunk)]
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(todo), unit="problem", desc=f"recording {card.name}", dynamic_ncols=True)
     seconds = card.stats.get("recording_seconds", 0.0)
-    for chunk in chunks:
-        name = f"{args.split}-{chunk[0][0]:05d}-{chunk[-1][0]:05d}"
-        partial = PartialFile(out / "chunks" / f"{name}.partial.jsonl")
-        for record in partial.read():
-            records[record["key"]] = record
+    for chunk in (todo[k:k + args.chunk] for k in range(0, len(todo), args.chunk)):
         started = time.perf_counter()
-        rounds: Counter = Counter()
-        ids = [p.id for _, p in chunk]
-        for k in range(0, len(chunk), args.wave):
-            wave = [p for _, p in chunk[k:k + args.wave]]
-            stats = recorder.record(wave, args.split, partial.append,
-                                    on_wave=lambda depth, n: bar.set_postfix(round=depth, requests=n))
-            for (_, round_), count in stats.requests.items():
-                rounds[round_] += count
-            bar.update(len(wave))
-        chunk_ids = set(ids)
-        written = sorted((r for r in records.values() if r["problem"] in chunk_ids and r["split"] == args.split),
-                         key=lambda r: (r["problem"], r["stream"], r["round"], r["agent"], r["kind"], r["key"]))
-        card.files[f"chunks/{name}.parquet"] = write_chunk(out / "chunks" / f"{name}.parquet", written)
-        card.index[f"chunks/{name}.parquet"] = records_per_problem(written, ids)
-        partial.remove()
+        rounds = record_chunk(recorder, chunk, args, out, card, records, bar)
         seconds += time.perf_counter() - started
-        card.splits[args.split] = [*card.splits.get(args.split, []), *ids]
-        card.files[f"problems/{args.split}.parquet"] = write_problems(
-            out / "problems" / f"{args.split}.parquet", problem_rows(task, args.split, card.splits[args.split], config.roles))
-        card.stats = card_stats(task, card, out, seconds)
-        write_card(out, card)
-        (out / "README.md").write_text(card_markdown(card), encoding="utf-8")
+        write_set_files(card, task, config, out, args.split, seconds)
         tree = ", ".join(f"round {r}: {rounds[r] / len(chunk):.1f}" for r in sorted(rounds))
-        bar.write(f"chunk {name}: {len(chunk)} problems, unique requests per problem {tree}, "
+        bar.write(f"chunk {chunk_name(args.split, chunk)}: {len(chunk)} problems, unique requests per problem {tree}, "
                   f"{time.perf_counter() - started:.0f} s")
     bar.close()
     return 0

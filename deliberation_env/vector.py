@@ -8,7 +8,8 @@ the trace wrapper do) are reset and stepped one by one.
 Each env's own PettingZoo API stays synchronous and unchanged.
 
 ``run_episodes(envs, starts, act, on_step)`` plays a list of episodes on such a pool, in waves of ``len(envs)``:
-every training rollout, evaluation, analysis and bench script plays its episodes through it.
+training rollouts, evaluation, analysis and the bench play their episodes through it (the few hand-written loops left
+are named, with their reasons, in ``tests/test_architecture.py``).
 
 | Call                                         | What it does                                                        |
 |----------------------------------------------|---------------------------------------------------------------------|

@@ -23,8 +23,9 @@ EXCLUDED_PARTS = frozenset({"__pycache__", "sets"})
 
 
 def python_files(folder: str) -> Iterator[Path]:
+    """Every Python file of ``folder``, once: not the links by which bench's script folders reach its helpers."""
     for path in sorted((ROOT / folder).rglob("*.py")):
-        if not EXCLUDED_PARTS.intersection(path.relative_to(ROOT).parts):
+        if not EXCLUDED_PARTS.intersection(path.relative_to(ROOT).parts) and not path.is_symlink():
             yield path
 
 
@@ -156,7 +157,7 @@ def test_the_graph_sees_lazy_package_and_module_imports(graph):
     assert "deliberation_env.core.features" in env  # from deliberation_env.core import features: the module
     assert "deliberation_env.analysis.traces" in graph["deliberation_env.make"]  # imported inside a function
     assert "deliberation_env.registry" in graph["deliberation_env"]  # from a package import a name: its __init__
-    assert "deliberation_env.make" in graph["deliberation_env.replay"]  # the __init__'s own (lazy) imports
+    assert "deliberation_env.make" in graph["deliberation_env.analysis.calibrate"]  # inside the program's main
 
 
 def test_relative_imports_resolve_against_the_importer():
@@ -206,31 +207,21 @@ def test_no_module_imports_another_modules_private_names():
 
 
 LAYERS = {"env": "deliberation_env.env", "replay": "deliberation_env.replay", "analysis": "deliberation_env.analysis"}
-"""Modules whose imports go one way only: the env imports replay (binding a replay backend), analysis imports the
-env's factories (``make``), and neither is imported back."""
+"""Modules whose imports go one way only: the env imports replay (binding a replay backend); analysis takes an env
+factory as an argument; neither is imported back."""
+FACTORIES = "deliberation_env.make"
+"""``parallel_env`` and ``replay_env``: above the env, replay and analysis (``trace=`` wraps the env in
+``analysis.traces.TraceWrapper``)."""
+FACTORY_CALLERS_IN_ANALYSIS = frozenset({"deliberation_env.analysis.calibrate"})
+"""The program of analysis: its ``main`` picks the factory (``parallel_env``) that the rest of analysis takes."""
 
 
-def alias_edges() -> set[tuple[str, str]]:
-    """(module, target) of imports inside a module-level ``__getattr__``: a name re-exported under its old path
-    (PEP 562), resolved on use; the module's own code never runs the target's."""
-    files = {module_name(path): path for package in PACKAGES for path in python_files(package)}
-    edges = set()
-    for module, path in files.items():
-        for function in parse(path).body:
-            if isinstance(function, ast.FunctionDef) and function.name == "__getattr__":
-                for node in ast.walk(function):
-                    if isinstance(node, (ast.Import, ast.ImportFrom)):
-                        names = imported_modules(node, module, path.name == "__init__.py", set(files))
-                        edges |= {(module, owning_module(name, set(files)) or name) for name in names}
-    return edges
-
-
-def reachable(graph: dict[str, set[str]], start: set[str], skip: set[tuple[str, str]]) -> set[str]:
+def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
     seen, todo = set(start), list(start)
     while todo:
         module = todo.pop()
         for target in graph.get(module, ()):
-            if (module, target) not in skip and target not in seen:
+            if target not in seen:
                 seen.add(target)
                 todo.append(target)
     return seen
@@ -241,15 +232,27 @@ def in_layer(module: str, prefix: str) -> bool:
 
 
 def test_env_replay_and_analysis_import_each_other_one_way_only(graph):
-    """No two of env, replay and analysis reach each other both ways (directly or through other modules);
-    ``replay.replay_env``, an alias of ``make.replay_env`` for old imports, is the one edge left out."""
-    skip = alias_edges()
-    assert ("deliberation_env.replay", "deliberation_env.make") in skip  # the alias is seen, and named here
-    reach = {name: reachable(graph, {m for m in graph if in_layer(m, prefix)}, skip) for name, prefix in LAYERS.items()}
+    """No two of env, replay and analysis reach each other both ways (directly or through other modules), with no
+    edge left out: no alias re-exports a name from a layer above (``replay_env`` lives in ``make`` alone)."""
+    below_the_program = {module: targets for module, targets in graph.items()
+                         if module not in FACTORY_CALLERS_IN_ANALYSIS}
+    reach = {name: reachable(below_the_program, {m for m in below_the_program if in_layer(m, prefix)})
+             for name, prefix in LAYERS.items()}
     two_way = [f"{a} <-> {b}" for a in LAYERS for b in LAYERS if a < b
                and any(in_layer(m, LAYERS[b]) for m in reach[a]) and any(in_layer(m, LAYERS[a]) for m in reach[b])]
     assert not two_way, "two-way imports: " + ", ".join(two_way)
     assert any(in_layer(m, LAYERS["replay"]) for m in graph["deliberation_env.env"])  # the one way that is used
+
+
+def test_the_factories_sit_above_env_replay_and_analysis(graph):
+    """No module of env, replay or analysis reaches ``make`` (analysis takes an env factory as an argument), but the
+    program ``analysis.calibrate``, which picks it; and no library module imports that program."""
+    reaching = sorted(module for module in graph if any(in_layer(module, prefix) for prefix in LAYERS.values())
+                      and module not in FACTORY_CALLERS_IN_ANALYSIS and FACTORIES in reachable(graph, {module}))
+    assert not reaching, f"modules below the factories that reach {FACTORIES}: {reaching}"
+    importers = sorted(module for module, targets in graph.items() if targets & FACTORY_CALLERS_IN_ANALYSIS)
+    assert not importers, f"the program analysis.calibrate is imported by {importers}"
+    assert FACTORIES in graph["deliberation_env.analysis.calibrate"]  # the rule sees the one that picks it
 
 
 def test_the_env_constructor_is_small():
@@ -269,7 +272,7 @@ def test_one_product_does_not_depend_on_the_other(graph, importer, banned):
     """The evaluation both products share never reaches the meta-policy trainer (its rollouts, its policy, its CLI),
     and neither does the LLM trainer: the LLM product does not depend on the meta product."""
     offenders = sorted(f"{module} -> {target}" for module in graph if module.startswith(importer)
-                       for target in reachable(graph, {module}, set()) if target.startswith(banned))
+                       for target in reachable(graph, {module}) if target.startswith(banned))
     assert not offenders, f"{importer} must not depend on {banned}: " + ", ".join(offenders)
 
 
@@ -338,7 +341,7 @@ def test_the_library_does_not_depend_on_its_test_servers(graph):
 
 def test_no_alias_modules_and_no_path_edits():
     """No module replaces itself in ``sys.modules`` (an alias of a moved module), and no script edits ``sys.path``:
-    bench scripts run as ``python bench/NAME.py`` with the package installed."""
+    bench scripts run as ``python bench/<folder>/NAME.py`` with the package installed."""
     aliases, path_edits = [], []
     for name, tree in library_and_script_files():
         for node in ast.walk(tree):
@@ -376,6 +379,97 @@ def test_every_documented_entry_point_is_a_module_of_the_tree():
 def test_the_backend_protocol_knows_nothing_of_the_simulator_or_the_tasks(graph):
     """Requests carry no simulator state: ``backends.base`` reaches neither ``backends.sim*`` nor ``tasks``, not
     even through the modules it imports (the sim asks the deliberation for its context: ``backends.sim_context``)."""
-    offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"}, set())
+    offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"})
                        if module.startswith(("deliberation_env.backends.sim", "deliberation_env.tasks")))
     assert not offenders, f"deliberation_env.backends.base reaches {offenders}"
+
+
+GENERATE_EXCEPTIONS = {
+    ("deliberation_env/backends/transformers.py", "_generate"): "calls the Hugging Face model's generate, no backend's",
+    ("deliberation_env/cli.py", "build"): "generate([]) with no request: opens a cache file when the flags are read",
+    ("deliberation_env/testing/lora_server.py", "_chat"): "a test server answering one HTTP request with a backend",
+}
+"""The calls of a ``generate`` method outside the grouper and the backend wrappers, each with the reason."""
+
+
+def generate_calls(tree: ast.Module) -> Iterator[tuple[str | None, int]]:
+    """(the innermost enclosing function's name, line) of every ``x.generate(...)`` call."""
+    def visit(node: ast.AST, function: str | None) -> Iterator[tuple[str | None, int]]:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "generate":
+                yield function, child.lineno
+            yield from visit(child, inner)
+
+    return visit(tree, None)
+
+
+def test_requests_reach_backends_through_the_grouper():
+    """Outside the grouper (``backends/grouping.py``), a backend's ``generate`` is called only by another backend's
+    ``generate`` (a wrapper: the cache, the tools, replay's fallback, the LLM trainer's samplers) and by the named
+    exceptions: the recorder, the runner and the env forms send their batches through the grouper."""
+    offenders = []
+    for package in PACKAGES:
+        for path in python_files(package):
+            name = path.relative_to(ROOT).as_posix()
+            for function, line in generate_calls(parse(path)):
+                if name != GROUPER_MODULE and function != "generate" and (name, function) not in GENERATE_EXCEPTIONS:
+                    offenders.append(f"{name}:{line} (in {function})")
+    assert not offenders, f"send requests through backends.grouping (generate_grouped): {offenders}"
+    assert any(function == "generate_by_backend" for function, _ in generate_calls(parse(ROOT / GROUPER_MODULE)))
+
+
+EPISODE_LOOPS = {
+    "deliberation_env/vector.py": "the episode runner itself",
+    "deliberation_env/wrappers.py": "wrappers pass reset and step on to the env they wrap",
+    "deliberation_env/engine/gym.py": "the compiled engine's Gymnasium form: its reset and step are the engine's arrays",
+    "deliberation_env/demo.py": "prints a plain PettingZoo loop step by step, as a user writes one",
+    "baselines/llm/rollout.py": "the text env's tree rollout: each node's env is forked per joint action and each fork "
+                                "stepped with its own sampled completions; run_episodes plays episodes, not trees",
+    "baselines/meta/tree_rollout.py": "plays a compiled tree (engine.TreeEnv: B episodes per numpy call, no backend)",
+    "baselines/peers/benchmarl_task.py": "the engine under TorchRL's EnvBase, whose collector calls _reset and _step",
+    "bench/benchmark/env_throughput.py": "measures the plain PettingZoo loop a user writes against another env's",
+    "bench/benchmark/engine_throughput.py": "measures the compiled engine's own batched reset and step",
+    "bench/benchmark/replay_benchmark.py": "reads signals off single states (each problem reset, then at most one "
+                                           "REFINE step, per confidence source), not played episodes",
+    "bench/benchmark/train_throughput.py": "its bare row is the plain PettingZoo loop that collect() is measured against",
+    "examples/own_algorithm.py": "shows the PettingZoo loop a user's own algorithm writes",
+    "examples/random_policy.py": "shows the PettingZoo loop a user writes",
+    "examples/text_env_own_llm.py": "shows the text env's loop a user with their own LLM writes",
+    "examples/interop/rllib_ppo.py": "shows a trained RLlib policy played in the PettingZoo loop",
+}
+"""The modules that reset and step envs by hand instead of through ``deliberation_env.vector.run_episodes``, each
+with the reason: every other episode (rollouts, evaluation, analysis, the bench) is played by the runner."""
+NOT_EPISODES = ("optimizer", "scheduler")
+"""Receivers of ``.step()`` that are no env: torch's optimizers and learning-rate schedulers."""
+
+
+def steps_episodes_by_hand(tree: ast.Module) -> bool:
+    """Whether a module calls ``x.reset(...)`` and ``y.step(...)`` (y no optimizer or scheduler)."""
+    called: dict[str, list[str]] = {"reset": [], "step": []}
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in called:
+            called[call.func.attr].append(ast.unparse(call.func.value))
+    return bool(called["reset"]) and any(not receiver.endswith(NOT_EPISODES) for receiver in called["step"])
+
+
+def test_episodes_are_played_by_the_runner_or_are_named_exceptions():
+    """Every module that resets and steps envs itself is a named exception (``EPISODE_LOOPS``), and every exception
+    still does: a new hand-written episode loop, or a stale exception, fails here."""
+    found = {name for name, tree in library_and_script_files() if steps_episodes_by_hand(tree)}
+    assert found - set(EPISODE_LOOPS) == set(), "play these episodes through run_episodes, or name the module in " \
+                                                f"EPISODE_LOOPS with the reason: {sorted(found - set(EPISODE_LOOPS))}"
+    assert set(EPISODE_LOOPS) - found == set(), f"stale EPISODE_LOOPS entries: {sorted(set(EPISODE_LOOPS) - found)}"
+
+
+
+LONGEST_FUNCTION = 80
+"""Lines of the longest function (its signature, docstring and body): past that, name its steps as functions."""
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for name, tree in library_and_script_files() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
+    assert not long, f"functions over {LONGEST_FUNCTION} lines: {long}"

@@ -1,4 +1,4 @@
-"""``bench/gpu_step_cost.py`` runs end to end on the CPU with tiny shapes (on a GPU it times the preset's shapes):
+"""``bench/benchmark/gpu_step_cost.py`` runs end to end on the CPU with tiny shapes (on a GPU it times the preset's shapes):
 the trainer's ``policy_update`` over random ids on a LoRA team, then ``generate``, and writes its table."""
 
 from __future__ import annotations

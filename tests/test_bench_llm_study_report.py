@@ -1,4 +1,4 @@
-"""``bench/llm_study.py``'s report: it describes the settings the finished chunks were run with (not the flags of the
+"""``bench/studies/llm_study.py``'s report: it describes the settings the finished chunks were run with (not the flags of the
 run that writes it), refuses chunks that differ, and refuses to add chunks under flags that differ from theirs; each
 run's accuracy, the spread between runs and the intervals over runs and problems. And the study's GPU preset."""
 
@@ -64,13 +64,13 @@ def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_pat
 
 
 def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch, bench_import):
-    """Started from inside ``bench/`` with a model in the home folder, the recorded command still names the script
-    from the repository's root and writes the home folder as ~."""
+    """Started from inside its folder (``bench/studies/``) with a model in the home folder, the recorded command still
+    names the script from the repository's root and writes the home folder as ~."""
     results = bench_import("_results")
-    monkeypatch.chdir(BENCH)
+    monkeypatch.chdir(os.path.join(BENCH, "studies"))
     model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
     monkeypatch.setattr("sys.argv", ["llm_study.py", "--model", model, "--seeds", "0", "1"])
-    assert results.command_line() == "python bench/llm_study.py --model ~/models/m.gguf --seeds 0 1"
+    assert results.command_line() == "python bench/studies/llm_study.py --model ~/models/m.gguf --seeds 0 1"
 
 
 def test_with_two_seeds_of_every_cell_the_main_effects_are_also_given_per_seed(study, tmp_path):

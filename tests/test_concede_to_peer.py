@@ -8,9 +8,10 @@ import pytest
 
 import deliberation_env
 from deliberation_env.core.actions import FIRST_PEER_ACTION, Action, action_name, decode, num_actions
+from deliberation_env.make import replay_env
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplayError, replay_env
+from deliberation_env.replay import ReplayError
 
 SIM = {"task": "arithmetic", "task_kwargs": {"levels": [0, 1]}, "backend": "sim", "max_tokens": 64}
 

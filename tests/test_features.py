@@ -13,8 +13,8 @@ import deliberation_env
 from deliberation_env.analysis.traces import read_traces
 from deliberation_env.backends.base import Completion
 from deliberation_env.core import Action, features
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import replay_env
 from deliberation_env.replay.dataset import request_key
 from tests.test_core import ScriptedBackend
 from tests.test_replay import SIM_FLAGS, play_all_joint_actions, sim_live

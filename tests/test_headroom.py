@@ -1,4 +1,4 @@
-"""bench/_trees.py and bench/headroom.py: the played-out tree agrees with the env, the policy search finds the best
+"""bench/_trees.py and bench/studies/headroom.py: the played-out tree agrees with the env, the policy search finds the best
 policy, and the headroom table's columns keep their order (oracle >= ceiling, policy search >= its own protocols)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplaySet
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 from tests.test_replay import SIM_FLAGS
 

@@ -1,4 +1,4 @@
-"""The LLM study's cells (``bench/llm_study.py``) on a scripted rollout tree with mixed correctness, no model: every
+"""The LLM study's cells (``bench/studies/llm_study.py``) on a scripted rollout tree with mixed correctness, no model: every
 pair of cells of the ``turns`` design gives different advantages, by construction; the pairs the design names
 ``SAME_BY_CONSTRUCTION`` (a team reward under shared and own credit, the first study's two team cells) give equal
 ones wherever every answer is readable, and differ only in the groups holding an unreadable answer. Also the

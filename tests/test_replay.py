@@ -14,9 +14,10 @@ import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.sim import SimBackend
 from deliberation_env.core.config import CONCEDE_TARGETS, CONFIDENCE_SOURCES
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
 from deliberation_env.registry import TASKS
-from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, ReplaySet, replay_env, shipped
+from deliberation_env.replay import ReplayBackend, ReplayError, ReplayMiss, ReplaySet, shipped
 from deliberation_env.replay.dataset import HUB_PREFIX, read_records
 from deliberation_env.replay.recorder import unrecorded
 

@@ -6,8 +6,9 @@ import pytest
 
 import deliberation_env
 from deliberation_env.backends.sim import SimBackend
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplayBackend, ReplayError, ReplaySet, replay_env
+from deliberation_env.replay import ReplayBackend, ReplayError, ReplaySet
 from deliberation_env.replay.dataset import read_records
 from tests.test_replay import SIM_FLAGS, sim_live
 

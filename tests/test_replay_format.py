@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import deliberation_env
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplayError, ReplaySet, replay_env
+from deliberation_env.replay import ReplayError, ReplaySet
 from deliberation_env.replay.dataset import HUB_PREFIX, OLD_FORMATS
 from deliberation_env.replay.format import read_chunk, write_chunk
 from deliberation_env.replay.migrate import main as migrate

@@ -14,9 +14,10 @@ import pytest
 import deliberation_env
 from deliberation_env.backends.sim import SimBackend
 from deliberation_env.core.deliberation import Deliberation
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
 from deliberation_env.registry import TASKS
-from deliberation_env.replay import ReplayBackend, ReplayError, ReplaySet, env_settings, replay_env
+from deliberation_env.replay import ReplayBackend, ReplayError, ReplaySet, env_settings
 from deliberation_env.replay.backend import ReplayMiss
 from deliberation_env.replay.dataset import load_card, shipped, write_card
 from deliberation_env.replay.format import read_chunk, write_chunk

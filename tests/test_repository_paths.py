@@ -38,7 +38,8 @@ def tree_files() -> list[Path]:
             name for name in subfolders
             if (name == ".ci" or not name.startswith(".")) and name not in BUILD_OUTPUTS
             and not name.endswith(".egg-info") and not (Path(folder, name) / "pyvenv.cfg").exists()]
-        files += [Path(folder, name) for name in names if not Path(folder, name).is_symlink()]
+        files += [Path(folder, name) for name in names if not Path(folder, name).is_symlink()
+                  and name != ".git"]  # a git worktree's pointer file names where its repository lives
     return files
 
 

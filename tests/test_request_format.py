@@ -11,8 +11,9 @@ import deliberation_env
 from deliberation_env.backends.sim import SimBackend
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import REQUEST_FORMAT, stream_seed
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplaySet
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 from tests.test_replay import SIM_FLAGS, same
 

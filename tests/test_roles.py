@@ -11,9 +11,10 @@ import deliberation_env
 from deliberation_env.core import features
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.roles import Role, make_roles, role_indices
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
 from deliberation_env.registry import TASKS
-from deliberation_env.replay import ReplayError, replay_env
+from deliberation_env.replay import ReplayError
 
 TEAM = ["plain", {"name": "words", "prompt": "no_code", "temperature": 1.0}, "plain"]
 SIM = {"task": "arithmetic", "task_kwargs": {"levels": [0, 1]}, "backend": "sim", "max_tokens": 64, "max_rounds": 1}

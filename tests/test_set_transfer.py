@@ -1,4 +1,4 @@
-"""bench/set_transfer.py: a policy trained on one replay set plays another's test split; the in-domain rows are the
+"""bench/studies/set_transfer.py: a policy trained on one replay set plays another's test split; the in-domain rows are the
 benchmark's own training and play, and sets whose layouts differ are refused with the difference."""
 
 from __future__ import annotations

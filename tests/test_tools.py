@@ -13,9 +13,9 @@ from deliberation_env.core import features
 from deliberation_env.core.roles import make_roles
 from deliberation_env.core.seeds import KIND_IDS
 from deliberation_env.core.tools import TOOLS, program_of, tool_runner
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
 from deliberation_env.registry import BACKENDS
-from deliberation_env.replay import replay_env
 
 TEAM = ["plain", {"name": "coder", "tool": "python"}, "plain"]
 ENV = {"task": "arithmetic", "task_kwargs": {"levels": [0, 1]}, "max_rounds": 1, "confidence": "critic_text"}

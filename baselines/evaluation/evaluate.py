@@ -2,7 +2,7 @@
 tables and plots.
 
 Every entry plays test problems ``problem_index = 0..P-1`` with episode seed
-``seed * 100003 + index`` for each evaluation seed (``episode_seed``; the seeding of ``bench/protocols.py``).
+``seed * 100003 + index`` for each evaluation seed (``episode_seed``; the seeding of ``bench/studies/protocols.py``).
 Reported per entry: accuracy (final consensus correct, ``infos["consensus_correct"]``; for
 environments without it, the mean per-agent episode return as ``score``), tokens per problem
 (sum of ``infos["tokens"]``), meta-action shares, each as the mean over all episodes; accuracy, score and

@@ -222,10 +222,10 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
     ``accelerate launch`` every process plays its share of each update's problems (``baselines.llm.parallel``)."""
     import torch
 
-    from baselines.llm.checkpoint import Progress, load_state, save_best, save_state
+    from baselines.llm.checkpoint import Progress, load_state, save_state
     from baselines.llm.parallel import DataParallel, make_accelerator
     from baselines.llm.remote import RemoteGeneration
-    from baselines.logger import MetricsLogger, progress_bar
+    from baselines.logger import progress_bar
     from baselines.runtime import seed_everything
 
     cfg.validate()
@@ -245,11 +245,7 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
     progress = load_state(cfg.resume, team, optimizer, scheduler, rng, parallel, cfg.out) if cfg.resume else Progress()
     if cfg.evaluate and not cfg.resume and parallel.is_main:  # a resumed run keeps the saved row (if any)
         progress.evaluations.append(evaluate_team("before", team.samplers, cfg))
-    logger = MetricsLogger(cfg.out, cfg.tensorboard) if parallel.is_main else None
-    if logger is not None:
-        for row in progress.rows:  # a resumed run's metrics.jsonl starts with the rows logged before
-            logger.log(row["step"], {k: v for k, v in row.items() if k != "step"})
-        progress.rows = logger.rows
+    logger = open_logger(cfg, progress) if parallel.is_main else None
     bar = progress_bar(cfg.updates, f"train_llm {cfg.algo}", cfg.progress and parallel.is_main)
     bar.update(progress.update)
     began = time.time()
@@ -272,24 +268,12 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
         update_seconds = time.time() - start - rollout_seconds
         if remote is not None:  # the trained adapters onto the servers; how far their log-probabilities were from ours
             stats.update(remote.after_update(team, trained, samples))
-        metrics: dict[str, Any] = update_metrics(  # a log row: numbers, and trained_agents as text
-            parallel.gather((tree.records, [(len(s.prompt_ids), len(s.completion_ids)) for s in samples], adv,
-                             adv_stats)), cfg.epochs)
-        metrics["generated_tokens"] = parallel.sum([tree.generated_tokens])[0]  # the tree's leaves share their prefixes
-        metrics.update({"trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start,
-                        "rollout_seconds": rollout_seconds, "update_seconds": update_seconds, "lr": rates[0],
-                        **({f"lr_{i}": rate for i, rate in enumerate(rates)} if len(rates) > 1 else {}),
-                        # generation speed (every agent's completion tokens) and training speed (prompt + completion
-                        # tokens through forward and backward, per epoch), over all processes
-                        "rollout_tok_s": metrics["generated_tokens"] / max(rollout_seconds, 1e-9),
-                        "update_tok_s": metrics["trained_tokens"] / max(update_seconds, 1e-9), **stats})
+        metrics = log_row(cfg, parallel, tree, samples, (adv, adv_stats), stats,
+                          {"trained_agents": ",".join(map(str, trained)), "seconds": time.time() - start,
+                           "rollout_seconds": rollout_seconds, "update_seconds": update_seconds}, rates)
         if cfg.eval_every and (update + 1) % cfg.eval_every == 0:
             if parallel.is_main:
-                row = evaluate_team(f"update {update + 1}", team.samplers, cfg)
-                metrics.update({f"eval_{k}": row[k] for k in ("accuracy", "accuracy_low", "accuracy_high", "tokens")})
-                if progress.best is None or row["accuracy"] > progress.best["accuracy"]:
-                    progress.best = {**row, "update": update + 1}
-                    save_best(cfg.out, team, row, update + 1, cfg.save_merged)
+                metrics.update(evaluate_and_keep_best(cfg, team, update + 1, progress))
             parallel.barrier()
         if logger is not None:
             logger.log(update + 1, metrics)
@@ -305,15 +289,62 @@ def train(cfg: LLMTrainConfig, team: Any = None) -> Any:
         save_state(cfg.out, team, optimizer, scheduler, rng, progress, parallel, asdict(cfg))
     if logger is not None:
         logger.close()
-        training_seconds = time.time() - began
-        checkpoint = os.path.join(cfg.out, "checkpoint")
-        team.save(checkpoint, merged=cfg.save_merged)
-        report(cfg, progress, checkpoint, dict(dtype=cfg.dtype, device=str(accelerator.device),
-                                               batch_size=cfg.generate_batch, devices=devices))
-        print(f"trained {cfg.algo} for {progress.update} updates ({len(progress.rows)} logged) in "
-              f"{training_seconds:.0f}s of training -> {checkpoint}")
+        save_and_report(cfg, team, progress, time.time() - began, str(accelerator.device), devices)
     parallel.barrier()
     return team
+
+
+def open_logger(cfg: LLMTrainConfig, progress: Any) -> Any:
+    """The main process's ``MetricsLogger``; a resumed run's metrics.jsonl starts with the rows logged before."""
+    from baselines.logger import MetricsLogger
+
+    logger = MetricsLogger(cfg.out, cfg.tensorboard)
+    for row in progress.rows:
+        logger.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+    progress.rows = logger.rows
+    return logger
+
+
+def log_row(cfg: LLMTrainConfig, parallel: Any, tree: Any, samples: Sequence[Any], scored: tuple[Any, dict],
+            stats: dict[str, Any], timing: dict[str, Any], rates: Sequence[float]) -> dict[str, Any]:
+    """One update's log row (numbers, and ``trained_agents`` as text) over every process: the batch's metrics
+    (``update_metrics``), the tree's generated tokens, ``timing``, the learning rates, the generation and training
+    speeds and the update's ``stats``."""
+    adv, adv_stats = scored  # the advantages and their stats
+    metrics: dict[str, Any] = update_metrics(
+        parallel.gather((tree.records, [(len(s.prompt_ids), len(s.completion_ids)) for s in samples], adv,
+                         adv_stats)), cfg.epochs)
+    metrics["generated_tokens"] = parallel.sum([tree.generated_tokens])[0]  # the tree's leaves share their prefixes
+    metrics.update({**timing, "lr": rates[0],
+                    **({f"lr_{i}": rate for i, rate in enumerate(rates)} if len(rates) > 1 else {}),
+                    # generation speed (every agent's completion tokens) and training speed (prompt + completion
+                    # tokens through forward and backward, per epoch), over all processes
+                    "rollout_tok_s": metrics["generated_tokens"] / max(timing["rollout_seconds"], 1e-9),
+                    "update_tok_s": metrics["trained_tokens"] / max(timing["update_seconds"], 1e-9), **stats})
+    return metrics
+
+
+def evaluate_and_keep_best(cfg: LLMTrainConfig, team: Any, updates: int, progress: Any) -> dict[str, Any]:
+    """Evaluate the team after ``updates`` updates; save it as the best when its accuracy is the highest so far.
+    Returns the row's ``eval_*`` metrics."""
+    from baselines.llm.checkpoint import save_best
+
+    row = evaluate_team(f"update {updates}", team.samplers, cfg)
+    if progress.best is None or row["accuracy"] > progress.best["accuracy"]:
+        progress.best = {**row, "update": updates}
+        save_best(cfg.out, team, row, updates, cfg.save_merged)
+    return {f"eval_{k}": row[k] for k in ("accuracy", "accuracy_low", "accuracy_high", "tokens")}
+
+
+def save_and_report(cfg: LLMTrainConfig, team: Any, progress: Any, training_seconds: float, device: str,
+                    devices: Any) -> None:
+    """The main process's end of a run: the final checkpoint, the report, one line on stdout."""
+    checkpoint = os.path.join(cfg.out, "checkpoint")
+    team.save(checkpoint, merged=cfg.save_merged)
+    report(cfg, progress, checkpoint, dict(dtype=cfg.dtype, device=device, batch_size=cfg.generate_batch,
+                                           devices=devices))
+    print(f"trained {cfg.algo} for {progress.update} updates ({len(progress.rows)} logged) in "
+          f"{training_seconds:.0f}s of training -> {checkpoint}")
 
 
 def build_parser() -> ArgumentParser:

@@ -1,7 +1,7 @@
 """Evaluate learned meta-policy checkpoints and fixed protocols side by side on a fixed test set (the CLI).
 
 Every entry plays test problems ``problem_index = 0..P-1`` with episode seed
-``seed * 100003 + index`` for each evaluation seed (the seeding of ``bench/protocols.py``).
+``seed * 100003 + index`` for each evaluation seed (the seeding of ``bench/studies/protocols.py``).
 Reported per entry: accuracy (final consensus correct, ``infos["consensus_correct"]``; for
 environments without it, the mean per-agent episode return as ``score``), tokens per problem
 (sum of ``infos["tokens"]``), meta-action shares, each as the mean over all episodes; accuracy, score and

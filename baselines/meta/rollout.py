@@ -15,7 +15,7 @@ batch, wave or rollout worker (``baselines.meta.distributed``) plays it.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,19 +111,13 @@ def collect(
         batch = [(step, a) for step in live for a in step.env.agents]
         x, mask = encode_many(layout, [step.observations[a] for step, a in batch])
         actions, logp = choose(policy, x, mask, [(streams[s.episode], len(s.env.agents)) for s in live])
+        states = {s.episode: global_state(s.env, layout, s.observations) for s in live} if want_state else None
+        add_transitions(rows, batch, [specs[step.episode].group for step, _ in batch],
+                        [rounds[step.episode] for step, _ in batch], label_key, states)
+        add_batch(rows, x, mask, actions, logp)
         chosen: dict[int, dict[str, int]] = {step.episode: {} for step in live}
-        states = {s.episode: global_state(s.env, layout, s.observations) for s in live} if want_state else {}
         for row, (step, a) in enumerate(batch):
             chosen[step.episode][a] = int(actions[row])
-            label = step.infos.get(a, {}).get(label_key, -1) if label_key else -1
-            rows["labels"].append(-1 if label is None else int(label))
-            rows["episode"].append(step.episode)
-            rows["group"].append(specs[step.episode].group)
-            rows["agent"].append(step.env.possible_agents.index(a))
-            rows["step"].append(rounds[step.episode])
-            if want_state:
-                rows["state"].append(states[step.episode])
-        add_batch(rows, x, mask, actions, logp)
         return [chosen[step.episode] for step in live]
 
     def on_step(step: Step) -> None:
@@ -135,23 +129,44 @@ def collect(
             if step.done:
                 _finish(step.infos, summaries[-1])
             return
-        summary = summaries[step.episode]
-        for a, action in step.actions.items():
-            reward = float(step.rewards.get(a, 0.0)) * reward_scale
-            rows["rewards"].append(reward)
-            summary["returns"][a] += reward
-            summary["team_return"] += reward
-            summary["actions"].append(action)
-        summary["length"] += 1
-        summary["tokens"] += _tokens(step.infos)
+        add_step(rows, summaries[step.episode], step, step.actions, reward_scale)
         rounds[step.episode] += 1
         if step.done:
-            _finish(step.infos, summary)
+            _finish(step.infos, summaries[step.episode])
             if on_episodes is not None:
                 on_episodes(1)
 
     run_episodes(envs, [Start(spec.seed, spec.options) for spec in specs], act, on_step)
     return to_rollouts(rows, summaries, layout, want_state)
+
+
+def add_transitions(rows: dict[str, list[Any]], batch: Sequence[tuple[Step, str]], groups: Sequence[int],
+                    rounds: Sequence[int], label_key: str | None, states: dict[int, Any] | None) -> None:
+    """The per-transition columns of a batch of (step, agent) beside its observations: label (``label_key`` in the
+    agent's info; -1 without one), episode, group, agent index, round and, when ``states`` is given, global state."""
+    for (step, a), group, round_ in zip(batch, groups, rounds):
+        label = step.infos.get(a, {}).get(label_key, -1) if label_key else -1
+        rows["labels"].append(-1 if label is None else int(label))
+        rows["episode"].append(step.episode)
+        rows["group"].append(group)
+        rows["agent"].append(step.env.possible_agents.index(a))
+        rows["step"].append(round_)
+        if states is not None:
+            rows["state"].append(states[step.episode])
+
+
+def add_step(rows: dict[str, list[Any]], summary: dict[str, Any], step: Step, actions: Mapping[str, Any],
+             reward_scale: float) -> None:
+    """A played step (its ``actions``) into the reward column, scaled, and its episode's summary (returns, actions,
+    length, tokens)."""
+    for a, action in actions.items():
+        reward = float(step.rewards.get(a, 0.0)) * reward_scale
+        rows["rewards"].append(reward)
+        summary["returns"][a] += reward
+        summary["team_return"] += reward
+        summary["actions"].append(action)
+    summary["length"] += 1
+    summary["tokens"] += _tokens(step.infos)
 
 
 def choose(policy: Policy | None, x: torch.Tensor, mask: torch.Tensor,

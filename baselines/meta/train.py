@@ -109,8 +109,8 @@ def evaluate_run(algo: str, cfg: BaseConfig, out: str, options: EvalOptions, bac
     backend = backend if backend is not None else build_backend(cfg)
     kwargs = {**env_kwargs(cfg, "test", backend), "backend": backend}
     # A replay set is recorded with its agents: a protocol that declares another team (single: one agent) would ask
-    # for other requests (single is the first agent's round-0 answer there; bench/replay_benchmark.py reports it
-    # from the tree).
+    # for other requests (single is the first agent's round-0 answer there; bench/benchmark/replay_benchmark.py reports
+    # it from the tree).
     protocols = [p for p in PROTOCOLS if not cfg.replay or plays_team(p, kwargs["num_agents"])]
     trace = evaluate.open_trace(options.trace)
     try:

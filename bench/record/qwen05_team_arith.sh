@@ -3,7 +3,7 @@
 # arithmetic levels 0-1, 1 round) with a heterogeneous team: one agent with the default prompt, one with the
 # no_code prompt and a program-aided agent (a prompt that asks for a program; its program runs in the sandbox and
 # the answer it prints is its answer: core/tools.py). The first two have the checking tool: a program in their
-# text runs too, only to say whether it prints the text's answer (an external verifier, feature tool_agrees). The team was picked by bench/team_band.py on 120 train
+# text runs too, only to say whether it prints the text's answer (an external verifier, feature tool_agrees). The team was picked by bench/studies/team_band.py on 120 train
 # problems outside the recording (docs/replay.md, "Picking a team"; bench/results/team_band_120.md).
 # Resumable, committed chunks (bench/record/chunked.sh: STEP, TEST_END, TRAIN_END); the model is served by
 # llama.cpp's llama-server (bench/record/llama_server.sh), on port 8090 so that it can run beside qwen05_arith.sh.

@@ -14,6 +14,10 @@ plays the fixed protocols on the set's train split, fits the sim to those traces
 protocols on the test split, replayed vs simulated (``deliberation_env.analysis.compare``).
 
 The fit itself lives in ``deliberation_env.analysis.sim_fit`` (its names are re-exported here).
+
+This program is the one module of ``analysis`` above the env factories: its ``main`` hands
+``deliberation_env.make.parallel_env`` to ``compare`` and ``replay_comparison``, which take the factory as an argument
+(``make`` wraps envs in ``analysis.traces.TraceWrapper``, so the rest of analysis sits below it).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                         help="hold a knob at this JSON value instead of fitting it (repeatable), e.g. problem_spread=0")
     args = parser.parse_args(argv)
+    from deliberation_env.make import parallel_env  # the program picks the factory; the analysis below takes it
+
     try:
         from deliberation_env.analysis.compare import DEFAULT_SEEDS, parse_fixed
 
@@ -66,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from deliberation_env.analysis.compare import replay_comparison
 
             report = replay_comparison(args.replay, args.output or "replay_report",
-                                       DEFAULT_SEEDS if args.seeds is None else args.seeds, fixed)
+                                       DEFAULT_SEEDS if args.seeds is None else args.seeds, fixed,
+                                       make_env=parallel_env)
             print(report, end="")
             return 0
         if args.seeds is not None:
@@ -79,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error("--compare needs the sim config: --compare HELDOUT.jsonl sim.json")
             from deliberation_env.analysis.fidelity import compare
 
-            print(compare(episodes, args.sim_config, Path(args.output or "fidelity_report")), end="")
+            print(compare(episodes, args.sim_config, Path(args.output or "fidelity_report"), parallel_env), end="")
             return 0
         if args.sim_config is not None:
             parser.error(f"unexpected argument {args.sim_config!r} (only --compare takes a sim config)")

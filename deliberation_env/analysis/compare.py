@@ -2,7 +2,8 @@
 
     python -m deliberation_env.analysis.calibrate --replay qwen05-arith-v2 -o report/
 
-``replay_comparison(dataset, outdir)``:
+``replay_comparison(dataset, outdir, make_env=parallel_env)`` (the envs come from ``make_env``, a factory with
+``parallel_env``'s keywords: analysis sits below ``deliberation_env.make``):
 
 1. plays the fixed protocols (``REPLAY_PROTOCOLS``: every one that plays any team; ``single`` declares one agent
    and cannot be replayed from a set of several) on the set's train split, on replay, traced;
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from deliberation_env.analysis.fidelity import fmt, play_protocol, plot_comparison, summarize
+from deliberation_env.analysis.fidelity import EnvFactory, fmt, play_protocol, plot_comparison, summarize
 from deliberation_env.analysis.metrics import bootstrap_interval, spearman
 from deliberation_env.analysis.sim_fit import extract_events, fit, write_config
 from deliberation_env.analysis.solve_fit import agreement_shares
@@ -66,13 +67,14 @@ def play_protocols(make_env: Callable[[str], Any], protocols: Sequence[str], see
 
 
 def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike[str], seeds: int = DEFAULT_SEEDS,
-                      fixed: dict[str, Any] | None = None) -> str:
+                      fixed: dict[str, Any] | None = None, *, make_env: EnvFactory) -> str:
     """Fit the sim on the set's train split and compare it with the set on its test split; returns report.md.
 
-    ``fixed``: knobs held at the given values instead of fitted (e.g. ``{"problem_spread": 0.0}``)."""
+    ``fixed``: knobs held at the given values instead of fitted (e.g. ``{"problem_spread": 0.0}``). ``make_env``
+    builds every env (``deliberation_env.make.parallel_env``); the replayed ones get a ``ReplayBackend`` of the set,
+    and the env takes the set's recorded settings from it."""
     from deliberation_env.backends.sim import SimBackend, load_sim_config
-    from deliberation_env.make import parallel_env, replay_env
-    from deliberation_env.replay import ReplaySet, env_settings
+    from deliberation_env.replay import ReplayBackend, ReplaySet, env_settings
 
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -92,7 +94,7 @@ def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike
         path.unlink(missing_ok=True)
 
     def on_replay(split: str, writer: TraceWriter) -> Callable[[str], Any]:
-        return lambda name: replay_env(replay, split=split, trace=writer, trace_label=name)
+        return lambda name: make_env(backend=ReplayBackend(replay), split=split, trace=writer, trace_label=name)
 
     with TraceWriter(paths["train_traces"]) as writer:
         play_protocols(on_replay("train", writer), REPLAY_PROTOCOLS, seeds, card.streams)
@@ -101,11 +103,11 @@ def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike
 
     with TraceWriter(paths["test_real"]) as writer:
         play_protocols(on_replay("test", writer), REPLAY_PROTOCOLS, seeds, card.streams)
-    test_problems = replay_env(replay, split="test").problems
+    test_problems = make_env(backend=ReplayBackend(replay), split="test").problems
     backend = SimBackend(config)
     with TraceWriter(paths["test_sim"]) as writer:
-        play_protocols(lambda name: parallel_env(backend=backend, split="test", trace=writer, trace_label=name,
-                                                 **env_settings(card)),
+        play_protocols(lambda name: make_env(backend=backend, split="test", trace=writer, trace_label=name,
+                                             **env_settings(card)),
                        REPLAY_PROTOCOLS, seeds, card.streams, problems=test_problems)
     real, sim = read_traces(paths["test_real"]), read_traces(paths["test_sim"])
     result = _result(card, real, sim, config, notes, seeds, fixed or {})

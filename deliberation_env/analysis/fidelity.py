@@ -1,11 +1,15 @@
 """How faithful a calibrated sim is: replay held-out traced episodes on it and compare.
 
-``compare(episodes, sim_config, outdir)`` replays every held-out episode on the sim (same task and
+``compare(episodes, sim_config, outdir, make_env)`` replays every held-out episode on the sim (same task and
 settings, problem, episode seed, agents, rounds, options, and the protocol named by its label),
 then reports per protocol the accuracy and tokens, real vs sim; the Spearman correlation of the
 protocols' accuracy ranking; the REFINE transition rates and the confidence AUROC, real vs sim.
 It writes ``report.md``, ``report.png`` and the sim's own trace (``sim_traces.jsonl``) to ``outdir``
 and returns the Markdown. Used by ``python -m deliberation_env.analysis.calibrate --compare``.
+
+The envs come from ``make_env``, a factory with ``parallel_env``'s keywords (``EnvFactory``): analysis sits below
+the factories in ``deliberation_env.make`` (which wrap envs in ``analysis.traces.TraceWrapper``), so the caller
+hands one in (the program ``analysis.calibrate`` hands ``parallel_env``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +28,13 @@ from deliberation_env.analysis.traces import Episode, TraceWriter, read_traces
 from deliberation_env.core.deliberation import Action
 from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Problem
+
+
+class EnvFactory(Protocol):
+    """Builds an env from ``parallel_env``'s keywords (``deliberation_env.make.parallel_env`` is one), ``trace=`` and
+    ``trace_label=`` among them."""
+
+    def __call__(self, **keywords: Any) -> Any: ...
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
@@ -61,10 +72,11 @@ def _episode_tokens(episode: Episode) -> int:
     return sum(r.prompt_tokens + r.completion_tokens for rnd in episode.rounds for a in rnd.agents for r in a.requests)
 
 
-def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, trace_path: Path) -> tuple[list[Episode], list[str]]:
-    """Play each episode's protocol on the sim with the episode's problem and seed; returns (sim episodes, notes)."""
+def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, trace_path: Path,
+                  make_env: EnvFactory) -> tuple[list[Episode], list[str]]:
+    """Play each episode's protocol on the sim with the episode's problem and seed, in envs from ``make_env``;
+    returns (sim episodes, notes)."""
     from deliberation_env.backends.sim import SimBackend
-    from deliberation_env.make import parallel_env
 
     backend = SimBackend(config=sim_config)
     notes: list[str] = []
@@ -85,7 +97,7 @@ def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, tr
             key = repr((episode.task, sorted(episode.task_settings.items()), episode.split, episode.num_agents,
                         episode.max_rounds, sorted(options.items()), episode.label))
             if key not in envs:
-                env = parallel_env(
+                env = make_env(
                     task=episode.task, task_kwargs=episode.task_settings, split=episode.split, backend=backend,
                     num_agents=episode.num_agents, max_rounds=episode.max_rounds, trace=writer,
                     trace_label=episode.label, **options)
@@ -112,12 +124,13 @@ def play_protocol(env: Any, protocol: Any, episodes: Sequence[tuple[Problem, int
                  lambda steps: [protocol.act(step.observations, step.infos) for step in steps], on_step)
 
 
-def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: Path) -> str:
-    """Replay ``episodes`` on the sim of ``sim_config``; write report.md and report.png to ``outdir``."""
+def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: Path, make_env: EnvFactory) -> str:
+    """Replay ``episodes`` on the sim of ``sim_config`` in envs from ``make_env``; write report.md and report.png to
+    ``outdir``."""
     if not episodes:
         raise ValueError("the held-out traces hold no episodes")
     outdir.mkdir(parents=True, exist_ok=True)
-    simulated, notes = replay_on_sim(episodes, sim_config, outdir / "sim_traces.jsonl")
+    simulated, notes = replay_on_sim(episodes, sim_config, outdir / "sim_traces.jsonl", make_env)
     real, sim = summarize([e for e in episodes if e.label in PROTOCOLS]), summarize(simulated)
     labels = [label for label in real["protocols"] if label in sim["protocols"]]
     shown = os.fspath(sim_config)  # relative to the working folder when inside it: reports travel

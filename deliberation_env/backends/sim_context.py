@@ -4,6 +4,12 @@ Requests carry no simulator state. Each deliberation registers itself here under
 (``register_source``) and names it on its requests (``Request.source``); ``SimBackend`` asks the registered
 deliberation for a request's ``SimContext`` (``sim_context``) when it answers it, while the request is pending.
 Real, cached and replay backends never look here, so no context is built for their requests.
+
+Why a process-wide registry rather than passing the context along: every backend answers ``generate(requests)``
+through the one request grouper, and only the sim needs more than the text. Passing contexts explicitly would put a
+parameter that one backend reads into every backend's signature and the grouper's, or put the live deliberation on
+the request, where it would travel with it into caches, logs and pickles (Ray workers, replicas). The registry holds
+weak references only, is read by the sim alone, and a request whose maker is gone gets ``None``.
 """
 
 from __future__ import annotations

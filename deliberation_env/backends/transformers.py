@@ -397,7 +397,7 @@ class TransformersBackend:
 def _contiguous_head_inputs(model: Any) -> None:
     """Make the output projection's input contiguous. ``generate`` (and ``logits_to_keep``) hand it a slice of the
     hidden states, and torch 2.13's CPU ``linear`` on a non-contiguous bfloat16 batch copies the weight once per
-    row: 7.5 s instead of 0.02 s for 16 rows of a 150k-token vocabulary (bench/cpu_paths.py measures the effect)."""
+    row: 7.5 s instead of 0.02 s for 16 rows of a 150k-token vocabulary (bench/benchmark/cpu_paths.py measures the effect)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(head, torch.nn.Module):
         head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))

@@ -72,7 +72,7 @@ The neutral value is a column's value without what it reads: ``answer_prob`` fro
 token log-probabilities (then ``logprobs`` is 0), ``stopped`` from one that names no finish reason,
 ``equations_valid`` for a text without checkable equations, the others without an answer, a code block or a
 concede target. v2 holds the signals that separate right answers from wrong ones beyond v1 on a real model's
-replay set (``bench/replay_benchmark.py`` measures each); the raw values, among them the mean and lowest
+replay set (``bench/benchmark/replay_benchmark.py`` measures each); the raw values, among them the mean and lowest
 token log-probabilities (no signal there), stay in ``AgentState.signals``.
 """
 

@@ -352,6 +352,17 @@ def _compile(env: Any, problems: list[Any], name: str, split: str, key: str) -> 
     while level:
         level = play(level)
 
+    return _packed(nodes, edges, roots, expand, name=name, split=split, problem_ids=[p.id for p in problems],
+                   config=config, key=key, num_actions=int(a), components=components)
+
+
+def _packed(nodes: list[dict[str, Any]], edges: list[dict[str, Any]], roots: np.ndarray, expand: list[int], *,
+            name: str, split: str, problem_ids: list[str], config: Any, key: str, num_actions: int,
+            components: list[str]) -> CompiledTree:
+    """The compiled game as arrays: the nodes' and the edges' fields stacked (one edge row per expanded node, one
+    column per joint action)."""
+    n, joints = config.num_agents, num_actions ** config.num_agents
+
     def stack(field: str, dtype: Any) -> np.ndarray:
         return np.asarray([node[field] for node in nodes], dtype=dtype)
 
@@ -359,16 +370,16 @@ def _compile(env: Any, problems: list[Any], name: str, split: str, key: str) -> 
         return np.asarray([edge[field] for edge in edges], dtype=dtype).reshape(len(edges), *shape)
 
     return CompiledTree(
-        name=name, split=split, problem_ids=[p.id for p in problems], num_agents=n, num_actions=int(a),
+        name=name, split=split, problem_ids=problem_ids, num_agents=n, num_actions=num_actions,
         max_rounds=config.max_rounds, feature_names=list(features.feature_names(config.features)),
         component_names=components, settings=_plain(asdict(config)), key=key,
         rows=stack("rows", np.float32), agreement=stack("agreement", np.float32).reshape(len(nodes), n, n - 1),
         mask=stack("mask", np.int8), oracle=stack("oracle", np.int8), correct=stack("correct", bool),
         consensus_correct=stack("consensus_correct", bool), tokens=stack("tokens", np.int32),
         problem=stack("problem", np.int32), stream=stack("stream", np.int32), depth=stack("depth", np.int8),
-        roots=roots, expand=np.asarray(expand, np.int32), child=edge_stack("child", np.int32, (len(joints),)),
-        done=edge_stack("done", bool, (len(joints),)), rewards=edge_stack("rewards", np.float32, (len(joints), n)),
-        components=edge_stack("components", np.float32, (len(joints), n, len(components))),
+        roots=roots, expand=np.asarray(expand, np.int32), child=edge_stack("child", np.int32, (joints,)),
+        done=edge_stack("done", bool, (joints,)), rewards=edge_stack("rewards", np.float32, (joints, n)),
+        components=edge_stack("components", np.float32, (joints, n, len(components))),
     )
 
 

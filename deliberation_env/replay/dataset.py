@@ -177,9 +177,10 @@ class ReplayCard:
     stats: dict[str, Any] = field(default_factory=dict)
     """Coverage, tree sizes, accuracy per level and size (written by the recorder)."""
     reproducibility: dict[str, Any] = field(default_factory=dict)
-    """Whether the recording engine gives a request's completion again, measured (``bench/recording_determinism.py``):
-    ``reproduces`` (True, False, or None when not measured), ``summary`` (what was measured, in words), ``measured``
-    (when and with what command). Empty in sets recorded before it was stated."""
+    """Whether the recording engine gives a request's completion again, measured
+    (``bench/studies/recording_determinism.py``): ``reproduces`` (True, False, or None when not measured), ``summary``
+    (what was measured, in words), ``measured`` (when and with what command). Empty in sets recorded before it was
+    stated."""
     index: dict[str, dict[str, int]] = field(default_factory=dict)
     """Each recorded chunk's problems and how many records of each it holds (``records_per_problem``): the whole
     tree the recorder walked. Binding checks the records against it; empty in sets recorded before it."""

@@ -1,0 +1,65 @@
+"""What the replay benchmark and the transfer studies share: the trainers they train on a replay set's train split, and
+playing an actor (a trained policy, a fixed protocol) on every problem of a split, per seed.
+
+Shared by ``bench/benchmark/replay_benchmark.py``, ``bench/studies/set_transfer.py`` and ``bench/replay_transfer.py``
+(every bench folder reaches it: see ``bench/_results.py``)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import numpy as np
+
+from baselines.evaluation.evaluate import episode_seed, play_episodes
+from baselines.meta.train import config_class, run
+from deliberation_env.make import replay_env
+from deliberation_env.protocols import SPECS, make_protocol, protocol_agents
+from deliberation_env.replay import ReplaySet
+
+ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
+PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")
+
+
+def play_rows(dataset: ReplaySet, actor_for, seeds, options: dict | None = None,
+              split: str = "test") -> dict[str, np.ndarray]:
+    """Per problem of ``split``: correct per seed (``runs``, seeds x problems) and averaged over seeds, tokens, and
+    action shares."""
+    envs = [replay_env(dataset, split=split, **(options or {})) for _ in range(32)]
+    problems = len(envs[0].problems)
+    runs, tokens, actions = np.zeros((len(seeds), problems)), np.zeros(problems), Counter()
+    for k, seed in enumerate(seeds):
+        episodes = [(episode_seed(seed, i), i) for i in range(problems)]
+        records = play_episodes(envs, [actor_for(seed) for _ in envs], episodes)
+        runs[k] = [r["correct"] for r in records]
+        tokens += [r["tokens"] for r in records]
+        for r in records:
+            actions.update(r["actions"])
+    total = sum(actions.values()) or 1
+    return {"correct": runs.mean(0), "runs": runs, "tokens": tokens / len(seeds),
+            "shares": np.array([actions[0], actions[1], sum(v for a, v in actions.items() if a >= 2)]) / total}
+
+
+def protocol_rows(dataset: ReplaySet, seeds, split: str, options: dict,
+                  names: tuple[str, ...] = PROTOCOL_ROWS + ("oracle",)) -> dict[str, dict]:
+    """The fixed protocols ``names`` (default: all, and the oracle) on ``split`` (``single`` is read off the tree
+    by the caller)."""
+    return {name: play_rows(dataset, lambda s, n=name: make_protocol(n, seed=s),
+                            seeds if "seed" in SPECS[name].options else [0], options, split=split)
+            for name in names if protocol_agents(name) is None}
+
+
+def options(args) -> dict:
+    """The env options of every replay env the benchmark builds: --features and --env-option."""
+    return {"features": args.features, **args.env_options}
+
+
+def train_policy(dataset: ReplaySet, algo: str, seed: int, args, run_dir: str | None = None):
+    """Trains ``algo`` on the set's train split (``args``: episodes, features, env_options, out); returns the policy."""
+    run_dir = run_dir or os.path.join(args.out, "runs", f"{algo}-{args.features}-seed{seed}")
+    cfg = config_class("ppo" if algo == "mappo" else algo)(
+        episodes=args.episodes, seed=seed, out=run_dir, progress=False, tensorboard=False,
+        num_agents=dataset.card.settings["num_agents"], max_rounds=dataset.card.rounds, **ALGOS[algo])
+    return run("ppo" if algo == "mappo" else algo, cfg, lambda: replay_env(dataset, split="train", **options(args)))
+
+

@@ -1,0 +1,70 @@
+"""The benchmark suite's runs, shared by ``bench/benchmark/benchmark_suite.py`` and the studies that read or redo them
+(``bench/studies/machine_spread.py``, ``bench/studies/template_overlap.py``, ``bench/live_check.py``): one training
+run trained on ``fit`` and scored, a cell's folder read back, and what validation chooses in it.
+
+Every bench folder reaches it (see ``bench/_results.py``)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+from baselines.benchmark import PROTOCOL_ROWS, Scores, loaded, policy_scores
+from baselines.meta.config import make_env_fn
+from baselines.meta.train import config_class, run
+from deliberation_env.replay import ReplayBackend
+
+TRAINERS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
+
+
+def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, splits: tuple[str, ...],
+                    folder: str, stem: str, runs: str = os.path.join("runs", "benchmark_suite")) -> dict[str, Scores]:
+    """One training run on ``fit``, scored on ``splits``; its scores saved as ``<folder>/<stem>-<split>.csv``, the
+    run itself (policy.pt) under ``<runs>/<cell>/<algo>/<stem>``."""
+    paths = {split: os.path.join(folder, f"{stem}-{split}.csv") for split in splits}
+    if all(os.path.isfile(path) for path in paths.values()):
+        return {split: Scores.load(path) for split, path in paths.items()}
+    cfg = config_class("ppo" if algo == "mappo" else algo)(
+        replay=cell.dataset, env_options=cell.options, train_split="fit", episodes=episodes, seed=seed,
+        out=os.path.join(runs, cell.name.replace(":", "-"), algo, stem), progress=False,
+        tensorboard=False, **TRAINERS[algo], **config)
+    backend = ReplayBackend(loaded(cell.dataset))
+    policy = run("ppo" if algo == "mappo" else algo, cfg, make_env_fn(cfg, "fit", backend))
+    scores = {split: policy_scores(policy, cell, split, label=algo) for split in splits}
+    for split, path in paths.items():
+        scores[split].save(path)
+    return scores
+
+
+def read(folder: str) -> dict:
+    """What a cell's folder holds: protocols per split, and per trainer its tuning and final runs."""
+    found: dict = {"protocols": {}, "trainers": {}}
+    for path in glob.glob(os.path.join(folder, "protocols", "*.csv")):
+        scores = Scores.load(path)
+        found["protocols"].setdefault(scores.split, {})[scores.label] = scores
+    for algo in TRAINERS:
+        finals = sorted(glob.glob(os.path.join(folder, algo, "final-*-test.csv")),
+                        key=lambda p: int(p.rsplit("seed", 1)[1].split("-")[0]))
+        tunes = glob.glob(os.path.join(folder, algo, "tune-*-validation.csv"))
+        if finals:
+            grid: dict[str, list[float]] = {}
+            for path in tunes:
+                value = os.path.basename(path).split("-")[1]
+                grid.setdefault(value, []).append(float(Scores.load(path).accuracy.mean()))
+            chosen = os.path.basename(finals[0]).split("-")[1]
+            validation = [Scores.load(p.replace("-test.csv", "-validation.csv")) for p in finals]
+            found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen,
+                                       "validation": float(np.mean([v.accuracy.mean() for v in validation]))}
+    return found
+
+
+def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
+    """What validation chooses in a cell's folder (``read``): the best protocol, and the trainers in headline order
+    (mean validation accuracy over their final seeds, best first)."""
+    validation = found["protocols"]["validation"]
+    best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
+    return best, sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+
+

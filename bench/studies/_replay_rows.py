@@ -1,0 +1,1 @@
+../_replay_rows.py
