@@ -20,8 +20,9 @@ from deliberation_env.core import features
 from deliberation_env.core.features import FeatureSet, register_feature_set
 from deliberation_env.core.seeds import KIND_IDS
 from deliberation_env.core.tools import Tool, register_tool, request_kinds
+from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
-from deliberation_env.replay import ReplaySet, replay_env
+from deliberation_env.replay import ReplaySet
 from deliberation_env.replay.backend import ReplayBackend
 from tests.test_replay import SIM_FLAGS, sim_live
 
