@@ -1,7 +1,7 @@
 """What the replay benchmark and the transfer studies share: the trainers they train on a replay set's train split, and
 playing an actor (a trained policy, a fixed protocol) on every problem of a split, per seed.
 
-Shared by ``bench/benchmark/replay_benchmark.py``, ``bench/studies/set_transfer.py`` and ``bench/replay_transfer.py``
+Shared by ``bench/benchmark/replay_benchmark.py``, ``bench/studies/set_transfer.py`` and ``bench/studies/replay_transfer.py``
 (every bench folder reaches it: see ``bench/_results.py``)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 # (bench/record/llama_server.sh: LLAMA_SERVER, SLOTS, THREADS). The first qwen05-arith was recorded with
 # TransformersBackend under request format 1; its card lists the flaws.
 # Needs the Qwen2.5-Coder-0.5B-Instruct GGUF (MODEL, default ~/.cache/deliberation-models/...). The arithmetic test
-# split has 500 problems: test 400-499 stay outside the recording for bench/replay_transfer.py (the replay-trained
+# split has 500 problems: test 400-499 stay outside the recording for bench/studies/replay_transfer.py (the replay-trained
 # policy played live).
 set -euo pipefail
 MODEL=${MODEL:-$HOME/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}

@@ -1,6 +1,6 @@
 """Transfer: does a meta-policy trained on a replay set score live what the replay predicts?
 
-    python bench/replay_transfer.py --dataset qwen05-arith-v2 --features v2 --problems 400:500 \
+    python bench/studies/replay_transfer.py --dataset qwen05-arith-v2 --features v2 --problems 400:500 \
         --cache runs/transfer.sqlite --backend transformers \
         --model ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dtype bfloat16 --batch-size 16 --backend-option converted_cache_dir=~/.cache/deliberation-models/converted

@@ -1,9 +1,9 @@
 """Live check: do the leaderboard's replay-trained policies gain live what they gain on replay?
 
-    python bench/live_check.py plan                      # once, before any live completion (committed)
+    python bench/studies/live_check.py plan                      # once, before any live completion (committed)
     source bench/record/llama_server.sh && serve_gguf ~/.cache/deliberation-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
-    python bench/live_check.py run "${RECORD_FLAGS[@]:0:8}" --cache runs/live-check.sqlite --commit
-    python bench/live_check.py report
+    python bench/studies/live_check.py run "${RECORD_FLAGS[@]:0:8}" --cache runs/live-check.sqlite --commit
+    python bench/studies/live_check.py report
 
 ``plan`` names the rows before anything is played live (bench/results/live_check/plan.json): the best protocol
 chosen on validation, the headline trainer chosen on validation and the trainer the replay issue named, each with
@@ -214,7 +214,7 @@ def report(args) -> None:
     protocol = document["rows"][0]["label"]
     done = sorted(live.get((protocol, None), {}))
     if not done:
-        sys.exit("no live chunk yet: run `python bench/live_check.py run ...` first")
+        sys.exit("no live chunk yet: run `python bench/studies/live_check.py run ...` first")
     _, replay_protocol = suite_outcomes(cell, protocol)
     base = np.array([live[(protocol, None)][i] for i in done])
     lines = [f"# Live check: {cell}", "", f"`{command_line()}`", "",
