@@ -182,3 +182,14 @@ def test_a_miss_of_a_checked_env_is_still_a_replay_miss(sim_set):
     core.start(env.task.problems("test")[9], 0)  # a problem the set does not hold, under the checked settings
     with pytest.raises(ReplayMiss, match="arithmetic-test-9"):
         backend.generate(core.pending_requests())
+
+
+@pytest.mark.parametrize("name", shipped())
+def test_a_shipped_card_states_whether_its_engine_reproduces_completions(name):
+    dataset = ReplaySet(name)
+    stated = dataset.card.reproducibility
+    assert stated["reproduces"] in (True, False, None) and stated["summary"] and stated["measured"]
+    if "llama.cpp" in dataset.card.model:  # measured by bench/studies/recording_determinism.py: it does not
+        assert stated["reproduces"] is False and "recording_determinism" in stated["measured"]
+    readme = (dataset.path / "README.md").read_text()
+    assert "## Reproducibility" in readme and stated["summary"] in readme

@@ -39,6 +39,6 @@ serve_gguf() {
 # Run as a command (`bash bench/record/llama_server.sh MODEL`), it serves MODEL in the foreground until stopped.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     serve_gguf "$1"
-    echo "serving ${RECORD_FLAGS[2]} on port ${LLAMA_PORT:-8089}" >&2
+    echo "serving ${RECORD_FLAGS[3]} on port ${LLAMA_PORT:-8089}" >&2
     wait "$SERVER_PID"
 fi
