@@ -109,7 +109,7 @@ def test_cli_trains_saves_and_evaluates_before_and_after(converted, tmp_path, mo
     from baselines.llm import train_llm
 
     monkeypatch.chdir(tmp_path)
-    train_llm.main(["--algo", "grpo", "--weights", "shared", "--agents", "2", "--group-size", "2", "--updates", "2",
+    train_llm.main(["--algo", "grpo", "--weights", "shared", "--num-agents", "2", "--group-size", "2", "--updates", "2",
                     "--max-tokens", "8", "--meta-policy", "self_consistency", "--task-option", "levels=0",
                     "--env-option", "confidence=answer_logprobs", "--reward-weight", "length=0.1", "--kl-coef", "0.1",
                     "--eval-problems", "1", "--converted-cache-dir", converted, "--no-progress", "--no-tensorboard",
@@ -126,8 +126,8 @@ def test_cli_trains_saves_and_evaluates_before_and_after(converted, tmp_path, mo
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-    (["--agents", "2", "--train-agents", "0,2"], "agent index 2 out of range in --train-agents 0,2: the team has agents 0..1"),
-    (["--agents", "3", "--group-size", "8"], "a rollout tree would hold 4681 states per problem (4096 leaves after 4 turns"),
+    (["--num-agents", "2", "--train-agents", "0,2"], "agent index 2 out of range in --train-agents 0,2: the team has agents 0..1"),
+    (["--num-agents", "3", "--group-size", "8"], "a rollout tree would hold 4681 states per problem (4096 leaves after 4 turns"),
 ])
 def test_cli_mistakes_are_one_line(tmp_path, args, expected):
     done = subprocess.run([sys.executable, "-m", "baselines.llm.train_llm", *args], cwd=tmp_path, capture_output=True,
@@ -182,7 +182,7 @@ def test_cli_stops_when_the_time_budget_is_spent(converted, tmp_path, monkeypatc
     from baselines.llm import train_llm
 
     monkeypatch.chdir(tmp_path)
-    train_llm.main(["--agents", "2", "--group-size", "2", "--updates", "5", "--max-minutes", "0.0001",
+    train_llm.main(["--num-agents", "2", "--group-size", "2", "--updates", "5", "--max-minutes", "0.0001",
                     "--max-tokens", "4", "--meta-policy", "self_consistency", "--task-option", "levels=0",
                     "--env-option", "confidence=answer_logprobs", "--no-evaluate", "--converted-cache-dir", converted,
                     "--no-progress", "--no-tensorboard", "--out", "run"])
