@@ -28,6 +28,16 @@ def command_line() -> str:
                                 for a in [script, *sys.argv[1:]])
 
 
+def write_report(stem: str, text: str) -> str:
+    """Print a whole markdown report (which names its own command) and write it to ``results/<stem>.md``."""
+    print(text)
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{stem}.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
 def save_markdown(stem: str, header: str, table: str) -> str:
     """Print ``header`` and ``table`` and write them, with the command line, to ``results/<stem>.md``."""
     print(f"\n{header}:\n{table}")

@@ -37,7 +37,7 @@ import sys
 import time
 
 import numpy as np
-from _results import RESULTS, command_line
+from _results import RESULTS, command_line, write_report
 from _suite import choices, read
 
 from baselines.benchmark import loaded, parse_cell
@@ -238,9 +238,7 @@ def report(args) -> None:
                      + " | ".join(f"{100 * e:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                                   for e, lo, hi in (replay_gain, live_gain, gap)) + " |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(RESULTS, "live_check.md"), "w", encoding="utf-8") as f:
-        f.write(text)
+    write_report("live_check", text)
 
 
 def main(argv=None) -> None:

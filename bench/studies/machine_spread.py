@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 import torch
-from _results import RESULTS, command_line
+from _results import RESULTS, command_line, write_report
 from _suite import choices, read, train_and_score
 
 from baselines.benchmark import Scores, parse_cell
@@ -150,9 +150,7 @@ def compare(args) -> None:
                          f"{diff[np.argmax(np.abs(diff))]:+.1f} |")
     lines += pooled(parse_cell(args.cell), machines, table)
     text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(RESULTS, "machine_spread.md"), "w", encoding="utf-8") as f:
-        f.write(text)
+    write_report("machine_spread", text)
 
 
 def pooled(cell, machines: list[str], table: dict, level: float = 1 - 0.05 / 6) -> list[str]:

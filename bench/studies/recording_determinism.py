@@ -24,7 +24,7 @@ import signal
 import subprocess
 import time
 
-from _results import RESULTS, command_line
+from _results import command_line, write_report
 
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import ArgumentParser
@@ -140,9 +140,7 @@ def main(argv=None) -> None:
                   + ", ".join(f"{way} {sum(texts[way][i] == texts['recorded'][i] for i in picks)}/{len(picks)}"
                               for way in names[1:])]
     text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(RESULTS, "recording_determinism.md"), "w", encoding="utf-8") as f:
-        f.write(text)
+    write_report("recording_determinism", text)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from _results import RESULTS, command_line
+from _results import RESULTS, command_line, write_report
 from _suite import choices, read
 
 from baselines.benchmark import loaded, parse_cell
@@ -74,9 +74,7 @@ def main(argv=None) -> None:
                      + " | ".join(f"{100 * e:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for e, lo, hi in (*cells, diff))
                      + " |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    with open(os.path.join(RESULTS, "template_overlap.md"), "w", encoding="utf-8") as f:
-        f.write(text)
+    write_report("template_overlap", text)
 
 
 if __name__ == "__main__":
