@@ -13,7 +13,8 @@ first 500 stay what they are, the rest are new draws of the same generator, disj
 that each checkpoint, played on the replay's test split through the same actor code as live, gives the
 leaderboard's per-problem outcomes.
 
-``run`` plays every row on a chunk of problems at a time, all rows in one wave (their round-0 requests are the
+``run`` first checks that the live env, answered by the replay backend, gives the leaderboard's outcomes (the same
+game, bar the samples); then it plays every row on a chunk of problems at a time, all rows in one wave (their round-0 requests are the
 same, so the cache answers them once, and the server batches every row's round-1 requests together), with the
 set's own settings (env_settings of its card, the cell's game) through the backend flags (the recording's own
 server: bench/record/llama_server.sh). Each finished chunk is written to its CSV (and committed with
@@ -48,7 +49,7 @@ from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.protocols import make_protocol
-from deliberation_env.replay import env_settings
+from deliberation_env.replay import ReplayBackend, env_settings
 
 OUT = os.path.join(RESULTS, "live_check")
 SUITE = os.path.join(RESULTS, "benchmark_suite")
@@ -134,12 +135,28 @@ def read_plan() -> dict:
         return json.load(f)
 
 
+def check_live_env(document: dict) -> None:
+    """The live env (the set's settings, the cell's game, the extended split), answered by the replay backend, gives
+    a policy row's leaderboard outcomes on the recorded test problems: the live game is the replay's, bar samples."""
+    cell = parse_cell(document["cell"])
+    dataset = loaded(cell.dataset)
+    env = live_env(dataset.card, cell.options, document["num_problems"], ReplayBackend(dataset))
+    row = next(row for row in document["rows"] if row["kind"] == "policy")
+    problems = len(dataset.card.splits["test"])
+    records = play_episodes([env], [actor(row)], [(episode_seed(0, i), i) for i in range(problems)])
+    played = np.array([float(r["correct"]) for r in records])
+    if not np.array_equal(played, suite_outcomes(cell.name, row["label"], row["seed"])[1]):
+        sys.exit("the live env answered by the replay backend does not give the leaderboard's outcomes: it plays "
+                 "another game than the cell's")
+
+
 def chunk_path(first: int, last: int) -> str:
     return os.path.join(OUT, f"chunk-{first:04d}-{last - 1:04d}.csv")
 
 
 def run(args) -> None:
     document = read_plan()
+    check_live_env(document)
     cell = parse_cell(document["cell"])
     card = loaded(cell.dataset).card
     backend = backend_settings(args).build()
