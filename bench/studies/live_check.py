@@ -114,19 +114,22 @@ def actor(row: dict):
     return PolicyActor(load_policy(os.path.join(OUT, row["checkpoint"])))
 
 
+def differences(env, cell, row: dict, problems: int) -> int:
+    """On how many of the first ``problems`` test problems ``env`` played by a policy row departs from the row's
+    leaderboard outcomes (the suite's committed per-problem scores)."""
+    records = play_episodes([env], [actor(row)], [(episode_seed(0, i), i) for i in range(problems)])
+    played = np.array([float(r["correct"]) for r in records])
+    return int((played != suite_outcomes(cell.name, row["label"], row["seed"])[1]).sum())
+
+
 def check_replay(cell, rows: list[dict]) -> None:
     """Each policy row played on the replay's test split through the live code path gives the suite's outcomes."""
     env = cell.env("test")
     problems = len(env.problems)
     for row in rows:
-        if row["kind"] != "policy":
-            continue
-        records = play_episodes([env], [actor(row)], [(episode_seed(0, i), i) for i in range(problems)])
-        played = np.array([float(r["correct"]) for r in records])
-        _, expected = suite_outcomes(cell.name, row["label"], row["seed"])
-        if not np.array_equal(played, expected):
+        if row["kind"] == "policy" and (departed := differences(env, cell, row, problems)):
             sys.exit(f"{row['label']} {row['run']}: played on replay it differs from the suite's outcomes on "
-                     f"{int((played != expected).sum())} problems: not the leaderboard's policy")
+                     f"{departed} problems: not the leaderboard's policy")
     print(f"checked: every policy row reproduces its leaderboard outcomes on the {problems} replayed test problems")
 
 
@@ -142,10 +145,7 @@ def check_live_env(document: dict) -> None:
     dataset = loaded(cell.dataset)
     env = live_env(dataset.card, cell.options, document["num_problems"], ReplayBackend(dataset))
     row = next(row for row in document["rows"] if row["kind"] == "policy")
-    problems = len(dataset.card.splits["test"])
-    records = play_episodes([env], [actor(row)], [(episode_seed(0, i), i) for i in range(problems)])
-    played = np.array([float(r["correct"]) for r in records])
-    if not np.array_equal(played, suite_outcomes(cell.name, row["label"], row["seed"])[1]):
+    if differences(env, cell, row, len(dataset.card.splits["test"])):
         sys.exit("the live env answered by the replay backend does not give the leaderboard's outcomes: it plays "
                  "another game than the cell's")
 
