@@ -1,7 +1,8 @@
-"""What the replay benchmark and the transfer studies share: the trainers they train on a replay set's train split, and
+"""The transfer studies' shared steps: the trainers they train on a replay set's train split, and
 playing an actor (a trained policy, a fixed protocol) on every problem of a split, per seed.
 
-Shared by ``bench/benchmark/replay_benchmark.py``, ``bench/studies/set_transfer.py`` and ``bench/studies/replay_transfer.py``
+Shared by ``bench/studies/set_transfer.py`` and ``bench/studies/replay_transfer.py``, which play policies episode by
+episode (live, or on another set's test split); the leaderboard's rows are scored exactly by ``baselines.benchmark``
 (every bench folder reaches it: see ``bench/_results.py``)."""
 
 from __future__ import annotations
@@ -10,15 +11,14 @@ import os
 from collections import Counter
 
 import numpy as np
+from _suite import TRAINERS
 
+from baselines.benchmark import PROTOCOL_ROWS
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.train import config_class, run
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import SPECS, make_protocol, protocol_agents
 from deliberation_env.replay import ReplaySet
-
-ALGOS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
-PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")
 
 
 def play_rows(dataset: ReplaySet, actor_for, seeds, options: dict | None = None,
@@ -59,7 +59,7 @@ def train_policy(dataset: ReplaySet, algo: str, seed: int, args, run_dir: str | 
     run_dir = run_dir or os.path.join(args.out, "runs", f"{algo}-{args.features}-seed{seed}")
     cfg = config_class("ppo" if algo == "mappo" else algo)(
         episodes=args.episodes, seed=seed, out=run_dir, progress=False, tensorboard=False,
-        num_agents=dataset.card.settings["num_agents"], max_rounds=dataset.card.rounds, **ALGOS[algo])
+        num_agents=dataset.card.settings["num_agents"], max_rounds=dataset.card.rounds, **TRAINERS[algo])
     return run("ppo" if algo == "mappo" else algo, cfg, lambda: replay_env(dataset, split="train", **options(args)))
 
 

@@ -17,6 +17,14 @@ from baselines.meta.train import config_class, run
 from deliberation_env.replay import ReplayBackend
 
 TRAINERS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
+EXTERNAL = "benchmarl-"
+"""The prefix of external rows in a cell's folder (``bench/benchmark/peers_benchmarl.py``: a peer library's algorithm
+with its own configs, untuned, its final runs named ``final-default-seed<k>``)."""
+
+
+def folder_name(cell) -> str:
+    """A cell's folder name: ``<set>-<game>`` (a local set by its folder's name, so no path of this machine)."""
+    return f"{os.path.basename(cell.dataset.rstrip('/'))}-{cell.game}"
 
 
 def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, splits: tuple[str, ...],
@@ -28,7 +36,7 @@ def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, spl
         return {split: Scores.load(path) for split, path in paths.items()}
     cfg = config_class("ppo" if algo == "mappo" else algo)(
         replay=cell.dataset, env_options=cell.options, train_split="fit", episodes=episodes, seed=seed,
-        out=os.path.join(runs, cell.name.replace(":", "-"), algo, stem), progress=False,
+        out=os.path.join(runs, folder_name(cell), algo, stem), progress=False,
         tensorboard=False, **TRAINERS[algo], **config)
     backend = ReplayBackend(loaded(cell.dataset))
     policy = run("ppo" if algo == "mappo" else algo, cfg, make_env_fn(cfg, "fit", backend))
@@ -44,7 +52,8 @@ def read(folder: str) -> dict:
     for path in glob.glob(os.path.join(folder, "protocols", "*.csv")):
         scores = Scores.load(path)
         found["protocols"].setdefault(scores.split, {})[scores.label] = scores
-    for algo in TRAINERS:
+    externals = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, EXTERNAL + "*")))
+    for algo in [*TRAINERS, *externals]:
         finals = sorted(glob.glob(os.path.join(folder, algo, "final-*-test.csv")),
                         key=lambda p: int(p.rsplit("seed", 1)[1].split("-")[0]))
         tunes = glob.glob(os.path.join(folder, algo, "tune-*-validation.csv"))

@@ -50,10 +50,10 @@ def test_every_script_folder_links_every_shared_helper(folder):
         assert os.path.islink(link) and os.path.samefile(link, os.path.join(BENCH, helper)), f"link {link} to ../{helper}"
 
 
-@pytest.mark.parametrize("script", ["benchmark/replay_suite.py", "studies/template_overlap.py"])
+@pytest.mark.parametrize("script", ["benchmark/replay_benchmark.py", "studies/template_overlap.py"])
 def test_a_script_run_by_its_path_imports_its_helpers(script):
-    """Run as the docs say, from the repository's root (replay_suite reaches replay_benchmark, _replay_rows, _trees
-    and _results; template_overlap _results and _suite): a mistyped flag, so it only imports and parses."""
+    """Run as the docs say, from the repository's root (replay_benchmark reaches _suite, _trees and _results;
+    template_overlap _results and _suite): a mistyped flag, so it only imports and parses."""
     import subprocess
     import sys
 
@@ -62,3 +62,10 @@ def test_a_script_run_by_its_path_imports_its_helpers(script):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"{os.path.basename(script)}: error: unrecognized arguments: "
                                                 "--no-such-flag (see --help)"], done.stderr
+
+
+def test_the_determinism_study_finds_the_recording_server_script(bench_import):
+    """bench/studies/recording_determinism.py starts servers through bench/record/llama_server.sh (a path that broke
+    when the scripts moved into folders)."""
+    server = bench_import("recording_determinism").SERVER
+    assert os.path.isfile(server) and server.endswith(os.path.join("bench", "record", "llama_server.sh"))

@@ -4,7 +4,6 @@ policy, and the headroom table's columns keep their order (oracle >= ceiling, po
 from __future__ import annotations
 
 import itertools
-import json
 
 import numpy as np
 import pytest
@@ -167,54 +166,6 @@ def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, ben
     rows, _, notes, _ = bench_import("headroom").rows_of(str(out), ["test"], repeats=1)
     assert {row["rule"] for row in rows} == {"most_confident"}
     assert any("plurality: not recorded" in note for note in notes) and any("chosen: not recorded" in n for n in notes)
-
-
-def test_the_suite_runs_a_cell_once_skips_unrecorded_games_and_checks_its_targets(tmp_path, bench_import):
-    for split in ("train", "test"):
-        record(["--out", str(tmp_path / "all"), "--split", split, "--problems", "0:6", "--chunk", "6", *SIM_FLAGS])
-    record(["--out", str(tmp_path / "rule"), "--split", "train", "--problems", "0:2", "--concede-targets", "rule",
-            *SIM_FLAGS])
-    suite = bench_import("replay_suite")
-    out = tmp_path / "suite"
-    flags = ["--sets", str(tmp_path / "all"), "--cells", "chosen-v3", "--algos", "sft", "grpo", "--seeds", "0",
-             "--episodes", "20", "--resamples", "10", "--out", str(out)]
-    suite.main(flags)
-    board = (tmp_path / "suite.md").read_text()
-    assert "## all, chosen-v3" in board and "## all, v1" not in board
-    assert "## Targets" in board and "| sft |" in board and "| grpo |" in board
-    glance = board.split("Every cell at a glance")[1].split("##")[0]  # one column per cell, one row per trainer
-    assert "| | all, chosen-v3 |" in glance and glance.count("| sft |") == 1 and "| oracle |" in glance
-    cell = out / "all" / "chosen-v3" / "meta.json"
-    cell_report = (out / "all" / "chosen-v3" / "report.md").read_text()  # the tree's tables are headroom.py's
-    assert "--no-analysis" in cell_report and "What the recorded tree says" not in cell_report
-    made = cell.stat().st_mtime_ns
-    suite.main(flags)  # a cell already there is not run again, and the board still counts its run time
-    assert cell.stat().st_mtime_ns == made
-    seconds = json.loads(cell.read_text())["seconds"]
-    assert f"(1 cells, {seconds / 60:.1f} min of runs in all;" in (tmp_path / "suite.md").read_text()
-    found = suite.read_cell(str(out / "all" / "chosen-v3"))
-    assert found["meta"]["env_options"] == {"concede_to_peer": True} and found["meta"]["features"] == "v3"
-    assert {p["first"] for p in found["pairs"]} == {"sft"} and found["rows"]["sft"]["accuracy"] >= 0
-    why = suite.run_cell(str(tmp_path / "rule"), "chosen-v3", None)  # recorded for the rule's peer only
-    assert why and "concede_to_peer" in why, why
-
-
-def test_clustered_auroc_resamples_whole_problems():
-    """The pooled AUROC is the plain one; copies of a problem's agents inside one group do not narrow the interval,
-    while the same copies counted as independent problems do; a side with no items gives NaN."""
-    from deliberation_env.analysis.metrics import auroc, clustered_auroc
-
-    rng = np.random.default_rng(5)
-    right = rng.random(40) < 0.5
-    values = right * 0.3 + rng.random(40)
-    value, low, high = clustered_auroc([([v], [r]) for v, r in zip(values, right)])
-    assert value == pytest.approx(auroc(values[right], values[~right])) and low < value < high
-    copied = [([v] * 3, [r] * 3) for v, r in zip(values, right)]
-    assert clustered_auroc(copied)[0] == pytest.approx(value)
-    assert clustered_auroc(copied)[2] - clustered_auroc(copied)[1] == pytest.approx(high - low)  # the same draws
-    alone = [([v], [r]) for v, r in zip(np.repeat(values, 3), np.repeat(right, 3))]
-    assert clustered_auroc(alone)[2] - clustered_auroc(alone)[1] < 0.75 * (high - low)
-    assert np.isnan(clustered_auroc([([0.1, 0.2], [True, True])])[0])
 
 
 def test_the_checking_tools_auroc_is_also_given_where_a_program_ran(bench_import):

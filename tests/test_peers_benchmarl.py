@@ -131,8 +131,9 @@ def test_exact_score_of_a_benchmarl_policy_is_what_playing_it_gives(benchmarl_mo
 @pytest.mark.benchmarl
 def test_the_task_checks_its_split_and_seeds_each_env_apart(benchmarl_modules):
     peers = benchmarl_modules
-    with pytest.raises(ValueError, match=r"splits \['test', 'train'\], not 'validation'"):
-        peers.ReplayTask.of(DATASET, split="validation")
+    with pytest.raises(ValueError, match=r"splits \['fit', 'test', 'train', 'validation'\], not 'dev'"):
+        peers.ReplayTask.of(DATASET, split="dev")
+    assert peers.ReplayTask.of(DATASET, split="fit").config["split"] == "fit"  # the benchmark's training split
     with pytest.raises(ValueError, match="sets \\['observation'\\] itself"):
         peers.ReplayTask.of(DATASET, observation="flat")
     # BenchMARL steps copies of one factory's env side by side: each copy must draw its own problems.
@@ -166,3 +167,37 @@ def test_the_tree_task_is_a_batched_env_that_benchmarl_trains_on(benchmarl_modul
     assert experiment.total_frames == 200
     exact = expected_scores(test_tree, peers.policy_probabilities(experiment), format=peers.MASKED)
     assert exact["accuracy"].shape == (len(PROBLEMS),)
+
+
+@pytest.mark.benchmarl
+def test_the_sweep_trains_on_fit_and_writes_the_suites_external_rows(benchmarl_modules, tmp_path, bench_import,
+                                                                   monkeypatch):
+    """bench/benchmark/peers_benchmarl.py on a small recorded set: one run of BenchMARL's MAPPO (its defaults, one
+    batch of frames) trained on ``fit``, scored on validation and test, saved where benchmark_suite reads it."""
+    import json
+    import os
+    from pathlib import Path
+
+    from baselines.benchmark import Scores, parse_cell
+    from deliberation_env.record import main as record
+    from tests.test_replay import SIM_FLAGS
+
+    monkeypatch.setenv("DELIBERATION_ENV_CACHE", str(tmp_path / "cache"))
+    for split, problems in (("train", "0:16"), ("test", "0:8")):
+        record(["--out", str(tmp_path / "small"), "--split", split, "--problems", problems, "--chunk", "16", *SIM_FLAGS])
+    cell = parse_cell(f"{tmp_path / 'small'}:v2")
+    sweep, suite = bench_import("peers_benchmarl"), bench_import("_suite")
+    flags = ["--algorithms", "mappo", "--seeds", "0", "--frames", "6000", "--cell", cell.name, "--out", str(tmp_path)]
+    sweep.main(flags)
+    paths = sweep.run_paths(str(tmp_path), cell, "mappo", 0)
+    meta = json.loads(Path(paths["json"]).read_text())
+    assert meta["frames"] == 6000 and meta["task"] == "tree" and meta["versions"]["benchmarl"] == "1.5.2"
+    for split in ("validation", "test"):
+        scores = Scores.load(paths[split])
+        assert scores.problem_ids == list(cell.tree(split).problem_ids) and scores.split == split
+        assert meta[f"{split}_accuracy"] == pytest.approx(scores.accuracy.mean())
+    made = os.stat(paths["test"]).st_mtime_ns
+    sweep.main(flags)  # done before: skipped
+    assert os.stat(paths["test"]).st_mtime_ns == made
+    found = suite.read(str(tmp_path / suite.folder_name(cell)))
+    assert found["trainers"]["benchmarl-mappo"]["chosen"] == "default" and not found["trainers"]["benchmarl-mappo"]["grid"]

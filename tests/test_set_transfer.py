@@ -1,5 +1,5 @@
 """bench/studies/set_transfer.py: a policy trained on one replay set plays another's test split; the in-domain rows are the
-benchmark's own training and play, and sets whose layouts differ are refused with the difference."""
+benchmark's own training and play (``bench/_replay_rows.py``), and sets whose layouts differ are refused with the difference."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import csv
 import numpy as np
 import pytest
 
+from baselines.meta.evaluate import PolicyActor
 from deliberation_env.record import main as record
 from deliberation_env.replay import ReplaySet
 from tests.test_replay import SIM_FLAGS
@@ -27,7 +28,7 @@ def sets(tmp_path_factory):
 def test_each_policy_plays_every_set_and_the_in_domain_row_is_the_benchmarks(sets, tmp_path, bench_import,
                                                                             monkeypatch):
     transfer = bench_import("set_transfer")
-    benchmark = bench_import("replay_benchmark")
+    benchmark = bench_import("_replay_rows")
     trained, played = {}, []  # policy -> (set, seed) it trained on; (target set, that pair) per play
 
     def train_policy(dataset, algo, seed, args, run_dir=None):
@@ -57,7 +58,11 @@ def test_each_policy_plays_every_set_and_the_in_domain_row_is_the_benchmarks(set
     settings = type("Args", (), {"episodes": 20, "features": "v3", "out": str(tmp_path / "bench"),
                                  "env_options": {"concede_to_peer": True}})()
     team = ReplaySet(sets / "team")
-    alone = [benchmark.train_and_play(team, "sft", seed, settings)["correct"].mean() for seed in (0, 1)]
+    alone = []
+    for seed in (0, 1):
+        policy = benchmark.train_policy(team, "sft", seed, settings)
+        alone.append(benchmark.play_rows(team, lambda s, p=policy: PolicyActor(p), [0], benchmark.options(settings))
+                     ["correct"].mean())
     assert float(rows["team", "team"]["accuracy"]) == pytest.approx(np.mean(alone), abs=1e-3)
     assert "| team | sft | homogeneous |" in (tmp_path / "transfer.md").read_text()
 

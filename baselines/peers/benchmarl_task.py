@@ -1,6 +1,6 @@
 """BenchMARL (TorchRL) on a replay set: a task that trains on one split, and the exact score of what it learned.
 
-    task = ReplayTask.of("qwen05-arith-v2", split="train", features="v2")
+    task = ReplayTask.of("qwen05-arith-v2", split="fit", features="v2")     # the benchmark's training split
     experiment = Experiment(task=task, algorithm_config=MappoConfig.get_from_yaml(), ...)
     experiment.run()
     tree = compile_tree("qwen05-arith-v2", "test", features="v2")
@@ -8,7 +8,7 @@
 
 BenchMARL builds its training and its evaluation envs from one factory (``TaskClass.get_env_fun``) and evaluates on
 random episodes, so its own evaluation would score the training split. Here the task's envs play ``split`` only
-(the train split by default; pass ``evaluation=False`` in the experiment config), and a trained policy is scored on
+(the train split by default; the benchmark trains on ``fit``, train without its validation problems; pass ``evaluation=False`` in the experiment config), and a trained policy is scored on
 the test split exactly: ``policy_probabilities`` turns the experiment's policy into the ``probabilities`` function
 that ``deliberation_env.engine.expected_scores`` sums over the compiled game, every problem of the split once.
 
@@ -46,7 +46,7 @@ from deliberation_env.engine.exact import Probabilities
 from deliberation_env.engine.tree import CompiledTree, compile_tree
 from deliberation_env.formats import ObservationFormat
 from deliberation_env.make import replay_env
-from deliberation_env.replay.dataset import ReplaySet, env_settings
+from deliberation_env.replay.dataset import DERIVED_SPLITS, ReplaySet, env_settings, split_problem_ids
 
 GROUP = "agent"
 """The one agent group: TorchRL groups ``agent_0`` ... ``agent_{N-1}`` by their name's prefix."""
@@ -64,8 +64,9 @@ class ReplayTask(PettingZooClass):
         """The task on ``split`` of replay set ``dataset`` (checked here: a wrong name or split fails now, not in
         BenchMARL's setup)."""
         replay = ReplaySet(dataset)
-        if split not in replay.card.splits:
-            raise ValueError(f"replay set {replay.card.name!r} has splits {sorted(replay.card.splits)}, not {split!r}")
+        if split_problem_ids(replay.card, split) is None:
+            splits = sorted([*replay.card.splits, *(d for d, parent in DERIVED_SPLITS.items() if parent in replay.card.splits)])
+            raise ValueError(f"replay set {replay.card.name!r} has splits {splits}, not {split!r}")
         clash = sorted(set(options) & {*_ENV_FORMAT, "split"})
         if clash:
             raise ValueError(f"ReplayTask sets {clash} itself (BenchMARL reads the masked observation); drop them")

@@ -1,18 +1,24 @@
-"""The leaderboard under the benchmark's protocol (docs/benchmark.md), resumable, one run at a time.
+"""The leaderboard under the benchmark's protocol (docs/benchmark.md), every shipped cell, resumable, one run at a time.
 
+    python bench/benchmark/benchmark_suite.py                                                             # every cell
     python bench/benchmark/benchmark_suite.py --cells qwen05-arith-v2:v2 --trainers softrankpo grpo      # runs what is missing
     python bench/benchmark/benchmark_suite.py --report-only                                               # the tables so far
 
-Per cell: the fixed protocols on validation and test (the best one chosen on validation); per trainer, an equal
-budget of tuning, the same small grid over each trainer's learning rate (``GRID``: 3 values x 2 tuning seeds, each
-run trained on ``fit`` for ``--episodes`` episodes and scored on validation), the value with the best mean validation
-accuracy chosen; then ``--seeds`` runs with it (seeds 0..S-1) scored on test once (and on validation). Every run
-writes its per-problem scores (``baselines.benchmark.Scores``) under ``<out>/<cell>/<trainer>/``; a run whose file is
-there is not run again. The report: per cell and trainer, the chosen value, accuracy (mean and IQM over the
-seeds), the difference to the best protocol with an interval over seeds and problems at a Bonferroni-corrected level
-for the family of learned-vs-protocol comparisons in the table, each seed's accuracy; per pair of trainers, the
-difference with its corrected interval and the probability of improvement (rliable's: P(a run of one > a run of the
-other)).
+Per cell (``baselines.benchmark.shipped_cells``: each shipped set x each game it was recorded for; a game a set was
+not recorded for is skipped with its reason): the fixed protocols on validation and test (the best one chosen on
+validation); per trainer, an equal budget of tuning, the same small grid over each trainer's learning rate (``GRID``:
+3 values x 2 tuning seeds, each run trained on ``fit`` for ``--episodes`` episodes and scored on validation), the
+value with the best mean validation accuracy chosen; then ``--seeds`` runs with it (seeds 0..S-1) scored on test once
+(and on validation). Every run writes its per-problem scores (``baselines.benchmark.Scores``) under
+``<out>/<cell>/<trainer>/``; a run whose file is there is not run again.
+
+The report (``<out>.md``): every cell at a glance; the row to headline, chosen on validation (the cell and trainer
+whose mean validation accuracy is furthest above the cell's best protocol on validation); per cell and trainer, the
+chosen value, accuracy (mean and IQM over the seeds), the difference to the best protocol with an interval over seeds
+and problems at a Bonferroni-corrected level for the family of learned-vs-protocol comparisons in the report, each
+seed's accuracy; per pair of trainers, the difference with its corrected interval and the probability of improvement
+(rliable's: P(a run of one > a run of the other)); and the two targets (a learned row ``TARGET`` above the best
+protocol with its interval above 0; a pair of trainers told apart).
 """
 
 from __future__ import annotations
@@ -25,15 +31,17 @@ import time
 
 import numpy as np
 from _results import RESULTS, command_line
-from _suite import TRAINERS, choices, read, train_and_score
+from _suite import EXTERNAL, TRAINERS, choices, folder_name, read, train_and_score
 
-from baselines.benchmark import interquartile_mean, parse_cell, protocol_scores
+from baselines.benchmark import GAMES, interquartile_mean, parse_cell, protocol_scores, shipped_cells
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
 GRID = {"lr": (1e-3, 3e-3, 1e-2)}
 """Each trainer's tuning grid: the same values of its Adam learning rate (the default is 3e-3)."""
 TUNING_SEEDS = (100, 101)
+TARGET = 0.05
+"""The margin over the best protocol asked of one learned row (with its interval above 0)."""
 OUT = os.path.join(RESULTS, "benchmark_suite")
 
 
@@ -46,7 +54,7 @@ def tag(config: dict[str, float]) -> str:
 
 
 def run_cell(cell, args) -> None:
-    folder = os.path.join(args.out, cell.name.replace(":", "-"))
+    folder = os.path.join(args.out, folder_name(cell))
     for split in ("validation", "test"):
         if not glob.glob(os.path.join(folder, "protocols", f"*-{split}.csv")):
             for name, scores in protocol_scores(cell, split).items():
@@ -65,58 +73,121 @@ def run_cell(cell, args) -> None:
 
 
 # ----------------------------------------------------------------------------- the report
-def report(args) -> str:
-    cells = [(parse_cell(name), read(os.path.join(args.out, name.replace(":", "-")))) for name in args.cells]
+def summaries(cells: list[tuple], level: float) -> list[dict]:
+    """Per cell found: its best protocol (on validation) and, per trainer in headline order, the test difference to
+    it with its interval at ``level``, and its validation margin over that protocol."""
+    out = []
+    for cell, found in cells:
+        best, ordered = choices(found)
+        validation, reference = found["protocols"]["validation"][best], found["protocols"]["test"][best].accuracy
+        rows = {}
+        for algo, trainer in ordered:
+            runs = np.stack([r.accuracy for r in trainer["runs"]])
+            rows[algo] = {"runs": runs, "trainer": trainer, "margin": trainer["validation"] - validation.accuracy.mean(),
+                          "interval": hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level)}
+        out.append({"cell": cell, "found": found, "best": best, "rows": rows})
+    return out
+
+
+def points(diff: float, low: float, high: float, bold: bool = True) -> str:
+    text = f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+    return f"**{text}**" if bold and (low > 0 or high < 0) else text
+
+
+def report(args, skipped: list[str] = ()) -> str:
+    cells = [(cell, read(os.path.join(args.out, folder_name(cell)))) for cell in args.cells]
     cells = [(cell, found) for cell, found in cells if found["trainers"]]
     comparisons = sum(len(found["trainers"]) for _, found in cells)
     level = 1 - 0.05 / max(1, comparisons)
+    found_cells = summaries(cells, level)
     lines = ["# Leaderboard under the benchmark protocol", "", f"`{command_line()}`", "",
              f"Trained on `fit` ({args.episodes} episodes a run), every choice made on `validation`, read on `test` "
              f"once. Intervals: hierarchical bootstrap over the seeds and, paired, the problems, at the "
              f"Bonferroni-corrected level {100 * level:.2f}% for the {comparisons} learned-vs-protocol comparisons "
              "below (simultaneous 95%); pairs of trainers use the level corrected for their own family.", ""]
-    for cell, found in cells:
-        validation, test = found["protocols"]["validation"], found["protocols"]["test"]
-        best, rows = choices(found)
-        reference = test[best].accuracy
-        lines += [f"## {cell.name}", "", f"Best protocol on validation: **{best}** ({validation[best].accuracy.mean():.3f} "
-                  f"validation, {reference.mean():.3f} test). Protocols on test: " + ", ".join(
-                      f"{n} {s.accuracy.mean():.3f}" for n, s in sorted(test.items())) + ".", "",
-                  "| trainer | lr (chosen on validation) | seeds | validation accuracy | test accuracy | IQM | vs best "
-                  f"protocol, points [{100 * level:.2f}%] | tokens | per seed |", "|---|---|---|---|---|---|---|---|---|"]
-        lines[-2:-2] = [f"The row to headline, chosen on validation (the best trainer's mean validation accuracy over "
-                        f"its seeds): **{rows[0][0]}**. Rows are in that order.", ""]
-        for algo, trainer in rows:
-            runs = np.stack([r.accuracy for r in trainer["runs"]])
-            diff, low, high = hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level)
-            per_seed = runs.mean(1)
-            cellv = f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
-            lines.append(f"| {algo} | {trainer['chosen'].removeprefix('lr')} | {len(per_seed)} | "
-                         f"{trainer['validation']:.3f} | {per_seed.mean():.3f} | "
-                         f"{interquartile_mean(per_seed):.3f} | {f'**{cellv}**' if low > 0 else cellv} | "
-                         f"{np.mean([r.tokens.mean() for r in trainer['runs']]):,.0f} | "
-                         + ", ".join(f"{v:.3f}" for v in per_seed) + " |")
-        lines += ["", "Tuning (mean validation accuracy over the tuning seeds, per learning rate):", "",
-                  "| trainer | " + " | ".join(tag(c) for c in configs()) + " |", "|---|" + "---|" * len(configs())]
-        for algo, trainer in rows:
-            lines.append(f"| {algo} | " + " | ".join(
-                f"{np.mean(trainer['grid'].get(tag(c), [np.nan])):.3f}" for c in configs()) + " |")
-        names = [algo for algo, _ in rows]
-        pairs = list(itertools.combinations(names, 2))
-        if pairs:
-            pair_level = 1 - 0.05 / len(pairs)
-            lines += ["", f"Pairs (row - column): difference in points [{100 * pair_level:.2f}%], and the probability "
-                      "that a run of the first beats a run of the second (ties half).", "",
-                      "| first | second | difference | P(first > second) |", "|---|---|---|---|"]
-            for first, second in pairs:
-                a = np.stack([r.accuracy for r in found["trainers"][first]["runs"]])
-                b = np.stack([r.accuracy for r in found["trainers"][second]["runs"]])
-                diff, low, high = hierarchical_bootstrap([a, b], [1.0, -1.0], level=pair_level)
-                cellv = f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
-                lines.append(f"| {first} | {second} | {f'**{cellv}**' if low > 0 or high < 0 else cellv} | "
-                             f"{improvement(a.mean(1), b.mean(1)):.2f} |")
-        lines.append("")
+    lines += overview(found_cells, level)
+    if found_cells:
+        cell, algo = max(((c, a) for c in found_cells for a in c["rows"]), key=lambda ca: ca[0]["rows"][ca[1]]["margin"])
+        row = cell["rows"][algo]
+        lines += [f"**The row to headline**, chosen on validation (the largest mean validation accuracy over the "
+                  f"cell's best protocol on validation, {100 * row['margin']:+.1f} points): **{algo} on "
+                  f"{cell['cell'].name}**, on test {points(*row['interval'], bold=False)} points.", ""]
+    for summary in found_cells:
+        lines += cell_lines(summary, level)
+    lines += target_lines(found_cells, level)
+    if skipped:
+        lines += ["", "Not run:", *[f"- {line}" for line in skipped]]
     return "\n".join(lines)
+
+
+def overview(found_cells: list[dict], level: float) -> list[str]:
+    """One table: a row per cell, its best protocol's test accuracy and each trainer's difference to it."""
+    if not found_cells:
+        return []
+    found = {a for c in found_cells for a in c["rows"]}
+    algos = [a for a in TRAINERS if a in found] + sorted(found - set(TRAINERS))
+    lines = [f"Every cell at a glance: each trainer's test difference to the cell's best protocol, points "
+             f"[{100 * level:.2f}%] (**bold**: above 0).", "",
+             "| cell | best protocol (test) | " + " | ".join(algos) + " |", "|---|---|" + "---|" * len(algos)]
+    for c in found_cells:
+        entries = [points(*c["rows"][a]["interval"]) if a in c["rows"] else "-" for a in algos]
+        test = c["found"]["protocols"]["test"][c["best"]].accuracy.mean()
+        lines.append(f"| {c['cell'].name} | {c['best']} {test:.3f} | " + " | ".join(entries) + " |")
+    return [*lines, ""]
+
+
+def cell_lines(summary: dict, level: float) -> list[str]:
+    """A cell's section: its protocols, the trainers' rows, their tuning and their pairs."""
+    cell, found, best = summary["cell"], summary["found"], summary["best"]
+    validation, test = found["protocols"]["validation"], found["protocols"]["test"]
+    rows = summary["rows"]
+    lines = [f"## {cell.name}", "", f"Best protocol on validation: **{best}** ({validation[best].accuracy.mean():.3f} "
+             f"validation, {test[best].accuracy.mean():.3f} test). Protocols on test: " + ", ".join(
+                 f"{n} {s.accuracy.mean():.3f}" for n, s in sorted(test.items())) + ".", "",
+             f"Rows in order of mean validation accuracy (the cell's row to headline first: **{next(iter(rows))}**).",
+             "", "| trainer | lr (chosen on validation) | seeds | validation accuracy | test accuracy | IQM | vs best "
+             f"protocol, points [{100 * level:.2f}%] | tokens | per seed |", "|---|---|---|---|---|---|---|---|---|"]
+    for algo, row in rows.items():
+        per_seed, trainer = row["runs"].mean(1), row["trainer"]
+        lines.append(f"| {algo} | {trainer['chosen'].removeprefix('lr')} | {len(per_seed)} | "
+                     f"{trainer['validation']:.3f} | {per_seed.mean():.3f} | {interquartile_mean(per_seed):.3f} | "
+                     f"{points(*row['interval'])} | {np.mean([r.tokens.mean() for r in trainer['runs']]):,.0f} | "
+                     + ", ".join(f"{v:.3f}" for v in per_seed) + " |")
+    if any(algo.startswith(EXTERNAL) for algo in rows):
+        lines += ["", f"`{EXTERNAL}*`: BenchMARL's algorithms with its own default configs, untuned "
+                  "(`bench/benchmark/peers_benchmarl.py`, docs/peers.md)."]
+    lines += ["", "Tuning (mean validation accuracy over the tuning seeds, per learning rate):", "",
+              "| trainer | " + " | ".join(tag(c) for c in configs()) + " |", "|---|" + "---|" * len(configs())]
+    for algo, row in rows.items():
+        grid = row["trainer"]["grid"]
+        if not grid:
+            continue
+        lines.append(f"| {algo} | " + " | ".join(f"{np.mean(grid.get(tag(c), [np.nan])):.3f}" for c in configs()) + " |")
+    pairs = list(itertools.combinations(rows, 2))
+    if pairs:
+        pair_level = 1 - 0.05 / len(pairs)
+        lines += ["", f"Pairs (row - column): difference in points [{100 * pair_level:.2f}%], and the probability "
+                  "that a run of the first beats a run of the second (ties half).", "",
+                  "| first | second | difference | P(first > second) |", "|---|---|---|---|"]
+        for first, second in pairs:
+            a, b = rows[first]["runs"], rows[second]["runs"]
+            interval = hierarchical_bootstrap([a, b], [1.0, -1.0], level=pair_level)
+            lines.append(f"| {first} | {second} | {points(*interval)} | {improvement(a.mean(1), b.mean(1)):.2f} |")
+            summary.setdefault("told_apart", []).extend([(first, second, interval)] if interval[1] > 0 or
+                                                       interval[2] < 0 else [])
+    return [*lines, ""]
+
+
+def target_lines(found_cells: list[dict], level: float) -> list[str]:
+    margin = [f"{c['cell'].name} {algo} {points(*row['interval'], bold=False)}" for c in found_cells
+              for algo, row in c["rows"].items() if row["interval"][0] >= TARGET and row["interval"][1] > 0]
+    apart = [f"{c['cell'].name} {first} - {second} {points(*interval, bold=False)}" for c in found_cells
+             for first, second, interval in c.get("told_apart", [])]
+    return ["## Targets", "",
+            f"- A learned row {100 * TARGET:.0f} points or more above the best protocol, its {100 * level:.2f}% "
+            "interval above 0: " + ("; ".join(margin) if margin else "not reached in any cell"),
+            "- A pair of trainers told apart (its corrected interval excludes 0): "
+            + ("; ".join(apart) if apart else "none in any cell"), ""]
 
 
 def improvement(first: np.ndarray, second: np.ndarray) -> float:
@@ -127,19 +198,29 @@ def improvement(first: np.ndarray, second: np.ndarray) -> float:
     return float(greater + equal / 2)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cells", nargs="+", default=["qwen05-arith-v2:v2"])
+    parser.add_argument("--cells", nargs="+",
+                        help="cells '<set>:<game>' (a set: a shipped name or a folder); default: every shipped cell")
     parser.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=list(TRAINERS))
     parser.add_argument("--seeds", type=int, default=10, help="final runs per trainer (seeds 0..S-1)")
     parser.add_argument("--episodes", type=int, default=4000)
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    cells, skipped = [], []
+    for name in args.cells or [cell.name for cell in shipped_cells()]:
+        try:
+            cells.append(parse_cell(name))
+        except ValueError as error:
+            if name.rpartition(":")[2] not in GAMES:
+                parser.error(str(error))
+            skipped.append(f"{name}: {error}")  # a game the set was not recorded for
+    args.cells = cells
     if not args.report_only:
-        for name in args.cells:
-            run_cell(parse_cell(name), args)
-    text = report(args)
+        for cell in cells:
+            run_cell(cell, args)
+    text = report(args, skipped)
     path = args.out.rstrip("/") + ".md"
     with open(path, "w", encoding="utf-8") as f:
         f.write(text + "\n")

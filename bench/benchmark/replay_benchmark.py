@@ -1,15 +1,16 @@
-"""Every trainer and protocol on a replay set: real behaviour at sim speed, and what is learnable in it.
+"""One cell's rows at a glance, scored the leaderboard's way, and what its recorded tree says of what is learnable.
 
-    python bench/benchmark/replay_benchmark.py --dataset qwen05-arith-v2         # train split -> test split, 3 seeds
-    python bench/benchmark/replay_benchmark.py --dataset PATH --episodes 2000 --seeds 0 1 --algos softrankpo grpo
-    python bench/benchmark/replay_benchmark.py --dataset qwen05-arith-v2 --features v2  # trainers see features="v2"
-    python bench/benchmark/replay_benchmark.py --dataset qwen05-arith-v2 --algos        # no trainers: protocols + analysis
+    python bench/benchmark/replay_benchmark.py --cell qwen05-arith-v2:v2                  # every trainer, 3 seeds
+    python bench/benchmark/replay_benchmark.py --cell qwen05-arith-v2:v1 --seeds 0 1 --algos softrankpo grpo
+    python bench/benchmark/replay_benchmark.py --cell qwen05-arith-v2:v2 --algos          # protocols + analysis only
 
-Trains each algorithm (SoftRankPO, GRPO, PPO, MAPPO, MAGRPO, SFT) on the set's train split with each seed and
-plays it on every test problem, beside the fixed protocols and the oracle. Reports, per row:
-accuracy, tokens per problem, action shares, and the difference to the best fixed protocol on the same
-problems with a hierarchical bootstrap 95% interval (resampling training seeds and, paired, problems); the best
-fixed protocol is chosen on the train split; pairwise differences between the trainers. Then what the recorded trees of ``--tree-splits`` (default train and test, pooled) say:
+The quick look beside ``benchmark_suite.py`` (the leaderboard: tuned, 10 seeds): each trainer with its defaults,
+trained on the cell's ``fit`` split per seed (``_suite.train_and_score``), and the fixed protocols and the oracle, all
+scored exactly on every test problem by ``baselines.benchmark`` (the best protocol chosen on validation; a learned
+row's interval the leaderboard's hierarchical bootstrap over training seeds and, paired, problems, here at 95%), with
+the trainers' pairwise differences. Each run's per-problem scores are kept under ``<out>/scores/`` (a run whose file
+is there is not run again). Then what the recorded trees of ``--tree-splits`` (default train and test, pooled) say
+(the 3-action game only):
 
 - the outcome of all joint meta-actions per problem (1-round sets): the joint oracle, always PERSIST (the vote),
   debate;
@@ -24,7 +25,7 @@ fixed protocol is chosen on the train split; pairwise differences between the tr
   text's token log-probabilities, length and finish reason, agreement, the concede target, the text's equations.
 
 ``single`` is agent 0's own round-0 answer in the 3-agent recording: the same requests a 1-agent env makes.
-Writes <out>/table.md, table.csv, accuracy_vs_tokens.png and report.md.
+Writes <out>/report.md, table.csv, pairs.csv, meta.json and accuracy_vs_tokens.png.
 """
 
 from __future__ import annotations
@@ -35,14 +36,13 @@ import os
 import time
 
 import numpy as np
-from _replay_rows import ALGOS, PROTOCOL_ROWS, options, play_rows, protocol_rows, train_policy
+from _suite import TRAINERS, train_and_score
 from _trees import feature_columns, headroom, pool_trees, tree_of
 
+from baselines.benchmark import Scores, best_protocol, loaded, parse_cell, protocol_scores
 from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, headless_pyplot
-from baselines.meta.evaluate import PolicyActor
 from deliberation_env.analysis.metrics import auroc, clustered_auroc, hierarchical_bootstrap, paired_bootstrap
-from deliberation_env.cli import ArgumentParser, KeyValueAction
-from deliberation_env.core import features
+from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.consensus import support
 from deliberation_env.make import replay_env
 from deliberation_env.replay import ReplaySet
@@ -146,22 +146,13 @@ def signal_table(found: list[dict], resamples: int = 1000, seed: int = 0) -> lis
     return table
 
 
-def train_and_play(dataset: ReplaySet, algo: str, seed: int, args):
-    policy = train_policy(dataset, algo, seed, args)
-    return play_rows(dataset, lambda s: PolicyActor(policy), [0], options(args))
-
-
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="qwen05-arith-v2")
-    parser.add_argument("--algos", nargs="*", default=list(ALGOS), choices=list(ALGOS),
+    parser.add_argument("--cell", default="qwen05-arith-v2:v2", help="'<set>:<game>' (python -m baselines.benchmark cells)")
+    parser.add_argument("--algos", nargs="*", default=list(TRAINERS), choices=list(TRAINERS),
                         help="trainers to run (none: the protocols and the analysis of the tree only)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=4000)
-    parser.add_argument("--features", default="v1", choices=list(features.FEATURE_SETS),
-                        help="the observation feature set the trainers learn from (env option features=)")
-    parser.add_argument("--env-option", dest="env_options", action=KeyValueAction, default={}, metavar="KEY=VALUE",
-                        help="an env option of every replay env (repeatable), e.g. concede_to_peer=True")
     parser.add_argument("--tree-splits", nargs="+", default=["train", "test"],
                         help="splits whose recorded trees the headroom and the signal table pool")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the AUROC intervals")
@@ -170,59 +161,56 @@ def main(argv=None) -> None:
                              "only; bench/studies/headroom.py has them for every set and game)")
     parser.add_argument("--out", default="bench/results/replay_benchmark")
     args = parser.parse_args(argv)
-    dataset = ReplaySet(args.dataset)
+    try:
+        cell = parse_cell(args.cell)
+    except ValueError as error:
+        parser.error(str(error))
     started = time.perf_counter()
-    rows = protocol_rows(dataset, args.seeds, "test", options(args))
-    train_rows = protocol_rows(dataset, args.seeds, "train", options(args))
-    trees = {split: tree_of(dataset, split, **args.env_options) for split in {*args.tree_splits, "train", "test"}}
-    for table, split in ((rows, "test"), (train_rows, "train")):
-        single = trees[split]["correct0"][:, 0].astype(float)
-        table["single"] = {"correct": single, "runs": single[None], "tokens": trees[split]["tokens"][:, 0] / 3,
-                           "shares": np.array([1.0, 0.0, 0.0])}  # all PERSIST: round 0 only; one agent's share
+    best = best_protocol(cell)
+    rows: dict[str, list[Scores]] = {name: [scores] for name, scores in protocol_scores(cell, "test").items()}
     for algo in args.algos:
-        runs = [train_and_play(dataset, algo, seed, args) for seed in args.seeds]
-        rows[algo] = {key: np.mean([r[key] for r in runs], axis=0) for key in ("correct", "tokens", "shares")}
-        rows[algo]["runs"] = np.concatenate([r["runs"] for r in runs])
-        rows[algo]["per_seed"] = [float(r["correct"].mean()) for r in runs]
-        print(f"{algo}: {rows[algo]['correct'].mean():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
-    # The protocol to beat is chosen on the train split: choosing it by its test accuracy favours it on test.
-    best = max(PROTOCOL_ROWS, key=lambda n: train_rows[n]["correct"].mean())
+        rows[algo] = [train_and_score(cell, algo, {}, seed, args.episodes, ("test",),
+                                      os.path.join(args.out, "scores", algo), f"seed{seed}",
+                                      runs=os.path.join("runs", "replay_benchmark"))["test"] for seed in args.seeds]
+        print(f"{algo}: {np.mean([r.accuracy.mean() for r in rows[algo]]):.3f} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
     tree = rooms = signals = None
-    if args.analysis and not args.env_options.get("concede_to_peer"):  # its tables read the 27 joint actions
-        tree = pool_trees([trees[split] for split in args.tree_splits])
+    options = {k: v for k, v in cell.options.items() if k != "features"}
+    if args.analysis and not options.get("concede_to_peer"):  # its tables read the 27 joint actions
+        dataset = loaded(cell.dataset)
+        tree = pool_trees([tree_of(dataset, split, **options) for split in args.tree_splits])
         rooms, signals = headrooms(tree), signal_table(agent_signals(dataset, args.tree_splits), args.resamples)
-    report(args, dataset, rows, best, tree, rooms, signals, time.perf_counter() - started)
+    report(args, cell, rows, best, tree, rooms, signals, time.perf_counter() - started)
 
 
-def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
+def report(args, cell, rows: dict[str, list[Scores]], best: str, tree, rooms, signals, seconds) -> None:
     os.makedirs(args.out, exist_ok=True)
-    debate_tokens = rows["debate"]["tokens"].mean()
-    lines = [f"Replay benchmark on `{dataset.card.name}` ({dataset.card.model}): trained on "
-             f"{len(dataset.card.splits.get('train', []))} train problems, played on {len(rows['debate']['correct'])} "
-             f"test problems; learned rows average seeds {args.seeds} ({args.episodes} episodes each, features "
-             f"{args.features}). {seconds / 60:.1f} min.", "",
-             f"`python bench/benchmark/replay_benchmark.py --dataset {args.dataset} --seeds {' '.join(map(str, args.seeds))} "
-             f"--episodes {args.episodes} --features {args.features} --algos {' '.join(args.algos)}"
-             + "".join(f" --env-option {k}={v}" for k, v in args.env_options.items())
-             + ("" if args.analysis else " --no-analysis") + "`", "",
-             f"The protocol to beat, {best}, is the best fixed protocol on the train split. Intervals are 95% "
+    runs = {name: np.stack([r.accuracy for r in scores]) for name, scores in rows.items()}
+    tokens = {name: float(np.mean([r.tokens.mean() for r in scores])) for name, scores in rows.items()}
+    dataset = loaded(cell.dataset)
+    lines = [f"Replay benchmark on `{cell.name}` ({dataset.card.model}): trained on the `fit` split, scored exactly on "
+             f"{runs[best].shape[1]} test problems; learned rows: each trainer's defaults, seeds {args.seeds} "
+             f"({args.episodes} episodes each). {seconds / 60:.1f} min.", "",
+             f"`python bench/benchmark/replay_benchmark.py --cell {cell.name} --seeds {' '.join(map(str, args.seeds))} "
+             f"--episodes {args.episodes} --algos {' '.join(args.algos)}" + ("" if args.analysis else " --no-analysis")
+             + "`", "",
+             f"The protocol to beat, {best}, is the best fixed protocol on the validation split. Intervals are 95% "
              "hierarchical bootstraps: each resample draws the training seeds of every learned row and one set of "
-             "test problems shared by the rows (paired), so they include training noise as well as the problems'.",
-             "",
-             f"| policy | accuracy | vs best protocol ({best}), 95% CI | tokens / problem | x debate tokens | "
-             "PERSIST | REFINE | CONCEDE | per seed |", "|---|---|---|---|---|---|---|---|---|"]
+             "test problems shared by the rows (paired), so they include training noise as well as the problems'. "
+             "The leaderboard (tuned, 10 seeds, corrected intervals) is `bench/benchmark/benchmark_suite.py`'s.", "",
+             f"| policy | accuracy | vs best protocol ({best}), 95% CI | tokens / problem | x debate tokens | per seed |",
+             "|---|---|---|---|---|---|"]
     csv_rows, plot_rows = ["name,accuracy,diff,diff_low,diff_high,tokens"], []
     pair_rows = ["first,second,diff,diff_low,diff_high"]
-    for name, row in sorted(rows.items(), key=lambda item: -item[1]["correct"].mean()):
-        diff, low, high = hierarchical_bootstrap([row["runs"], rows[best]["runs"]], [1.0, -1.0])
-        seeds = ", ".join(f"{v:.3f}" for v in row.get("per_seed", []))
-        lines.append(f"| {name} | {row['correct'].mean():.3f} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | "
-                     f"{row['tokens'].mean():,.0f} | {row['tokens'].mean() / debate_tokens:.2f} | "
-                     f"{row['shares'][0]:.2f} | {row['shares'][1]:.2f} | {row['shares'][2]:.2f} | {seeds} |")
-        csv_rows.append(f"{name},{row['correct'].mean():.4f},{diff:.4f},{low:.4f},{high:.4f},{row['tokens'].mean():.1f}")
-        _, half_low, half_high = paired_bootstrap(row["correct"], np.zeros_like(row["correct"]))
-        plot_rows.append({"name": name, "accuracy": row["correct"].mean(), "accuracy_ci": (half_high - half_low) / 2,
-                          "tokens": row["tokens"].mean(), "tokens_ci": 0.0})
+    for name in sorted(rows, key=lambda n: -runs[n].mean()):
+        diff, low, high = hierarchical_bootstrap([runs[name], runs[best]], [1.0, -1.0])
+        seeds = ", ".join(f"{v:.3f}" for v in runs[name].mean(1)) if name in args.algos else ""
+        lines.append(f"| {name} | {runs[name].mean():.3f} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | "
+                     f"{tokens[name]:,.0f} | {tokens[name] / tokens['debate']:.2f} | {seeds} |")
+        csv_rows.append(f"{name},{runs[name].mean():.4f},{diff:.4f},{low:.4f},{high:.4f},{tokens[name]:.1f}")
+        _, half_low, half_high = paired_bootstrap(runs[name].mean(0), np.zeros(runs[name].shape[1]))
+        plot_rows.append({"name": name, "accuracy": runs[name].mean(), "accuracy_ci": (half_high - half_low) / 2,
+                          "tokens": tokens[name], "tokens_ci": 0.0})
     learned = [name for name in args.algos if name in rows]
     if len(learned) > 1:
         lines += ["", "Pairwise differences between trainers (row - column), with the same hierarchical 95% intervals; "
@@ -234,17 +222,19 @@ def report(args, dataset, rows, best, tree, rooms, signals, seconds) -> None:
                 if j <= i:
                     cells.append("")
                     continue
-                diff, low, high = hierarchical_bootstrap([rows[first]["runs"], rows[second]["runs"]], [1.0, -1.0])
+                diff, low, high = hierarchical_bootstrap([runs[first], runs[second]], [1.0, -1.0])
                 pair_rows.append(f"{first},{second},{diff:.4f},{low:.4f},{high:.4f}")
-                cell = f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
-                cells.append(f"**{cell}**" if low > 0 or high < 0 else cell)
+                text = f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+                cells.append(f"**{text}**" if low > 0 or high < 0 else text)
             lines.append(f"| {first} | " + " | ".join(cells) + " |")
     if tree is not None:
         lines += analysis_lines(args, tree, rooms, signals)
     else:
         lines += ["", "The recorded tree's headroom and signals: `python bench/studies/headroom.py` (this run: --no-analysis, "
                   "or a chosen-target game)."]
-    write_outputs(args, dataset, rows, best, lines, csv_rows, pair_rows, plot_rows, seconds)
+    meta = {"cell": cell.name, "best_protocol": best, "seeds": args.seeds, "episodes": args.episodes,
+            "algos": args.algos, "test_problems": int(runs[best].shape[1]), "seconds": round(seconds, 1)}
+    write_outputs(args.out, cell.name, lines, csv_rows, pair_rows, plot_rows, meta)
 
 
 def analysis_lines(args, tree: dict, rooms: dict, signals: list) -> list[str]:
@@ -284,18 +274,15 @@ def analysis_lines(args, tree: dict, rooms: dict, signals: list) -> list[str]:
     return lines
 
 
-def write_outputs(args, dataset, rows, best, lines, csv_rows, pair_rows, plot_rows, seconds) -> None:
+def write_outputs(out, title, lines, csv_rows, pair_rows, plot_rows, meta) -> None:
     text = "\n".join(lines) + "\n"
-    meta = {"dataset": dataset.card.name, "best_protocol": best, "seeds": args.seeds, "episodes": args.episodes,
-            "features": args.features, "env_options": args.env_options, "algos": args.algos,
-            "test_problems": len(rows[best]["correct"]), "seconds": round(seconds, 1)}
     for name, body in (("report.md", text), ("table.csv", "\n".join(csv_rows) + "\n"),
                        ("pairs.csv", "\n".join(pair_rows) + "\n"), ("meta.json", json.dumps(meta, indent=1) + "\n")):
-        with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             f.write(body)
     plt = headless_pyplot()
-    figure = accuracy_vs_tokens_figure(plot_rows, f"replay: {dataset.card.name}")
-    figure.savefig(os.path.join(args.out, "accuracy_vs_tokens.png"), dpi=110)
+    figure = accuracy_vs_tokens_figure(plot_rows, f"replay: {title}")
+    figure.savefig(os.path.join(out, "accuracy_vs_tokens.png"), dpi=110)
     plt.close(figure)
     print(text)
 

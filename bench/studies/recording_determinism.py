@@ -31,7 +31,7 @@ from deliberation_env.cli import ArgumentParser
 from deliberation_env.make import parallel_env
 from deliberation_env.replay import ReplayBackend, ReplaySet
 
-SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "record", "llama_server.sh")
+SERVER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "record", "llama_server.sh")
 
 
 class Capturing(ReplayBackend):

@@ -20,8 +20,10 @@ import os
 import time
 
 import numpy as np
-from _replay_rows import ALGOS, PROTOCOL_ROWS, options, play_rows, protocol_rows, train_policy
+from _replay_rows import options, play_rows, protocol_rows, train_policy
+from _suite import TRAINERS
 
+from baselines.benchmark import PROTOCOL_ROWS
 from baselines.meta.evaluate import PolicyActor
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction
@@ -60,7 +62,7 @@ def protocol_to_beat(dataset: ReplaySet, env_options: dict) -> tuple[str, np.nda
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="+", required=True, help="replay sets (at least 2): names, folders or hf://")
-    parser.add_argument("--algos", nargs="+", default=["softrankpo"], choices=list(ALGOS))
+    parser.add_argument("--algos", nargs="+", default=["softrankpo"], choices=list(TRAINERS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=4000)
     parser.add_argument("--features", default="v3", choices=list(features.FEATURE_SETS))

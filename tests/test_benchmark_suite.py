@@ -1,0 +1,105 @@
+"""bench/benchmark/benchmark_suite.py: the leaderboard's runs on a recorded set: tuned on validation (never on test),
+final seeds read on test, resumable run by run, a game the set was not recorded for listed with its reason, and a
+report whose tables and targets read the runs' files."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from baselines.benchmark import Scores
+from deliberation_env.record import main as record
+from tests.test_replay import SIM_FLAGS
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suite-sets")
+    for split, problems in (("train", "0:16"), ("test", "0:8")):
+        record(["--out", str(root / "all"), "--split", split, "--problems", problems, "--chunk", "16", *SIM_FLAGS])
+    record(["--out", str(root / "rule"), "--split", "train", "--problems", "0:2", "--concede-targets", "rule",
+            *SIM_FLAGS])
+    return root
+
+
+def test_the_suite_tunes_on_validation_reads_test_once_resumes_and_reports(sets, tmp_path, bench_import):
+    suite = bench_import("benchmark_suite")
+    out = tmp_path / "suite"
+    flags = ["--cells", f"{sets / 'all'}:v2", f"{sets / 'rule'}:chosen-v3", "--trainers", "sft", "grpo", "--seeds", "2",
+             "--episodes", "20", "--out", str(out)]
+    suite.main(flags)
+    cell = out / "all-v2"
+    for algo in ("sft", "grpo"):
+        tuned = {}
+        for path in glob.glob(str(cell / algo / "tune-*-validation.csv")):
+            tuned.setdefault(os.path.basename(path).split("-")[1], []).append(path)
+        assert sorted(tuned) == sorted(suite.tag(c) for c in suite.configs())
+        assert all(len(paths) == len(suite.TUNING_SEEDS) for paths in tuned.values())
+        assert not glob.glob(str(cell / algo / "tune-*-test.csv")), "tuning runs are never scored on test"
+        finals = sorted(glob.glob(str(cell / algo / "final-*-test.csv")))
+        assert len(finals) == 2 and all(os.path.isfile(p.replace("-test.csv", "-validation.csv")) for p in finals)
+        means = {value: np.mean([Scores.load(p).accuracy.mean() for p in paths]) for value, paths in tuned.items()}
+        chosen = os.path.basename(finals[0]).split("-")[1]
+        assert means[chosen] == max(means.values())  # the value chosen is the best on validation
+    board = (tmp_path / "suite.md").read_text()
+    assert "level 97.50% for the 2 learned-vs-protocol comparisons" in board  # Bonferroni over the 2 rows
+    glance = board.split("Every cell at a glance")[1].split("##")[0]
+    assert "| cell | best protocol (test) | grpo | sft |" in glance  # a row per cell, a column per trainer
+    assert glance.replace(f"{sets}/", "").count("| all:v2 |") == 1
+    assert "**The row to headline**" in board and "## Targets" in board
+    assert "Not run:" in board and "rule:chosen-v3" in board.split("Not run:")[1]
+    assert "no 'chosen-v3' game" in board.split("Not run:")[1]
+    made = {path: os.stat(path).st_mtime_ns for path in glob.glob(str(cell / "*" / "*.csv"))}
+    suite.main(flags)  # resumed: every run is there, none runs again
+    assert {path: os.stat(path).st_mtime_ns for path in made} == made
+
+    # An external row (peers_benchmarl.py's files: final-default-seed<k>, untuned) is read and reported beside ours.
+    external = cell / f"{suite.EXTERNAL}peer"
+    external.mkdir()
+    for path in glob.glob(str(cell / "sft" / "final-*.csv")):
+        scores = Scores.load(path)
+        scores.label = external.name
+        scores.save(external / os.path.basename(path).replace(os.path.basename(path).split("-")[1], "default"))
+    suite.main([*flags, "--report-only"])
+    board = (tmp_path / "suite.md").read_text()
+    assert "level 98.33% for the 3 learned-vs-protocol comparisons" in board
+    assert f"| cell | best protocol (test) | grpo | sft | {external.name} |" in board
+    table = board.split("| trainer | lr (chosen on validation)")[1].split("\n\n")[0].splitlines()[2:]
+    row = {line.split(" | ")[0].removeprefix("| "): line.split(" | ") for line in table}
+    assert row[external.name][1] == "default" and row["sft"][1] != "default"
+    assert row[external.name][3:7] == row["sft"][3:7]  # the same runs: the same accuracies and difference
+    tuning = board.split("Tuning (mean validation accuracy")[1].split("Pairs")[0]
+    assert external.name not in tuning and "| sft |" in tuning
+
+
+def test_a_cell_of_an_unknown_game_is_one_line_on_stderr(bench_import, capsys):
+    with pytest.raises(SystemExit):
+        bench_import("benchmark_suite").main(["--cells", "qwen05-arith-v2:v9", "--report-only"])
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_the_quick_look_scores_its_rows_the_leaderboards_way(sets, tmp_path, bench_import):
+    """replay_benchmark.py: its rows are baselines.benchmark's (the protocol to beat chosen on validation, the runs'
+    exact test scores), and its tree analysis follows them."""
+    from baselines.benchmark import best_protocol, protocol_scores
+
+    quick = bench_import("replay_benchmark")
+    cell, out = f"{sets / 'all'}:v2", tmp_path / "quick"
+    quick.main(["--cell", cell, "--algos", "sft", "--seeds", "0", "1", "--episodes", "20", "--resamples", "10",
+                "--out", str(out)])
+    meta = (out / "meta.json").read_text()
+    best = best_protocol(cell)
+    assert f'"best_protocol": "{best}"' in meta
+    table = {line.split(",")[0]: line.split(",") for line in (out / "table.csv").read_text().splitlines()[1:]}
+    runs = [Scores.load(out / "scores" / "sft" / f"seed{seed}-test.csv") for seed in (0, 1)]
+    assert float(table["sft"][1]) == pytest.approx(np.mean([r.accuracy.mean() for r in runs]), abs=1e-4)
+    reference = protocol_scores(cell, "test", (best,))[best].accuracy.mean()
+    assert float(table[best][1]) == pytest.approx(reference, abs=1e-4) and float(table[best][2]) == 0
+    report = (out / "report.md").read_text()
+    assert f"The protocol to beat, {best}, is the best fixed protocol on the validation split" in report
+    assert "What the recorded tree says" in report and "**Learnable headroom**" in report
