@@ -90,7 +90,8 @@ def summaries(cells: list[tuple], level: float) -> list[dict]:
 
 
 def points(diff: float, low: float, high: float, bold: bool = True) -> str:
-    text = f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+    diff, low, high = (round(100 * x, 1) + 0.0 for x in (diff, low, high))  # + 0.0: no "-0.0"
+    text = f"{diff:+.1f} [{low:+.1f}, {high:+.1f}]"
     return f"**{text}**" if bold and (low > 0 or high < 0) else text
 
 
@@ -108,10 +109,12 @@ def report(args, skipped: list[str] = ()) -> str:
     lines += overview(found_cells, level)
     if found_cells:
         cell, algo = max(((c, a) for c in found_cells for a in c["rows"]), key=lambda ca: ca[0]["rows"][ca[1]]["margin"])
-        row = cell["rows"][algo]
+        row, reference = cell["rows"][algo], cell["found"]["protocols"]["test"][cell["best"]].accuracy
+        alone = hierarchical_bootstrap([row["runs"], reference], [1.0, -1.0], level=0.95)
         lines += [f"**The row to headline**, chosen on validation (the largest mean validation accuracy over the "
                   f"cell's best protocol on validation, {100 * row['margin']:+.1f} points): **{algo} on "
-                  f"{cell['cell'].name}**, on test {points(*row['interval'], bold=False)} points.", ""]
+                  f"{cell['cell'].name}**, on test {points(*alone, bold=False)} points [95%: one comparison, chosen "
+                  f"without test] ({points(*row['interval'], bold=False)} at the table's {100 * level:.2f}%).", ""]
     for summary in found_cells:
         lines += cell_lines(summary, level)
     lines += target_lines(found_cells, level)
