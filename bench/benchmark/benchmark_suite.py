@@ -100,12 +100,14 @@ def report(args, skipped: list[str] = ()) -> str:
     cells = [(cell, found) for cell, found in cells if found["trainers"]]
     comparisons = sum(len(found["trainers"]) for _, found in cells)
     level = 1 - 0.05 / max(1, comparisons)
+    pairs = sum(len(found["trainers"]) * (len(found["trainers"]) - 1) // 2 for _, found in cells)
+    pair_level = 1 - 0.05 / max(1, pairs)
     found_cells = summaries(cells, level)
     lines = ["# Leaderboard under the benchmark protocol", "", f"`{command_line()}`", "",
              f"Trained on `fit` ({args.episodes} episodes a run), every choice made on `validation`, read on `test` "
              f"once. Intervals: hierarchical bootstrap over the seeds and, paired, the problems, at the "
              f"Bonferroni-corrected level {100 * level:.2f}% for the {comparisons} learned-vs-protocol comparisons "
-             "below (simultaneous 95%); pairs of trainers use the level corrected for their own family.", ""]
+             f"below (simultaneous 95%); the {pairs} pairs of trainers, at {100 * pair_level:.2f}% (their own family's).", ""]
     lines += overview(found_cells, level)
     if found_cells:
         cell, algo = max(((c, a) for c in found_cells for a in c["rows"]), key=lambda ca: ca[0]["rows"][ca[1]]["margin"])
@@ -116,7 +118,7 @@ def report(args, skipped: list[str] = ()) -> str:
                   f"{cell['cell'].name}**, on test {points(*alone, bold=False)} points [95%: one comparison, chosen "
                   f"without test] ({points(*row['interval'], bold=False)} at the table's {100 * level:.2f}%).", ""]
     for summary in found_cells:
-        lines += cell_lines(summary, level)
+        lines += cell_lines(summary, level, pair_level)
     lines += target_lines(found_cells, level)
     if skipped:
         lines += ["", "Not run:", *[f"- {line}" for line in skipped]]
@@ -139,7 +141,7 @@ def overview(found_cells: list[dict], level: float) -> list[str]:
     return [*lines, ""]
 
 
-def cell_lines(summary: dict, level: float) -> list[str]:
+def cell_lines(summary: dict, level: float, pair_level: float) -> list[str]:
     """A cell's section: its protocols, the trainers' rows, their tuning and their pairs."""
     cell, found, best = summary["cell"], summary["found"], summary["best"]
     validation, test = found["protocols"]["validation"], found["protocols"]["test"]
@@ -168,7 +170,6 @@ def cell_lines(summary: dict, level: float) -> list[str]:
         lines.append(f"| {algo} | " + " | ".join(f"{np.mean(grid.get(tag(c), [np.nan])):.3f}" for c in configs()) + " |")
     pairs = list(itertools.combinations(rows, 2))
     if pairs:
-        pair_level = 1 - 0.05 / len(pairs)
         lines += ["", f"Pairs (row - column): difference in points [{100 * pair_level:.2f}%], and the probability "
                   "that a run of the first beats a run of the second (ties half).", "",
                   "| first | second | difference | P(first > second) |", "|---|---|---|---|"]
