@@ -103,3 +103,31 @@ def test_the_quick_look_scores_its_rows_the_leaderboards_way(sets, tmp_path, ben
     report = (out / "report.md").read_text()
     assert f"The protocol to beat, {best}, is the best fixed protocol on the validation split" in report
     assert "What the recorded tree says" in report and "**Learnable headroom**" in report
+
+
+def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_never_chosen(bench_import):
+    """Validation picks the protocol to beat; where another scores higher on test, the report gives the rows against it
+    too (in hindsight), and the leaderboard's comparison stays against validation's choice."""
+    from baselines.benchmark import PROTOCOL_ROWS
+
+    suite = bench_import("benchmark_suite")
+    ids = [f"p{i}" for i in range(40)]
+    rng = np.random.default_rng(0)
+
+    def scores(label, split, accuracy):
+        return Scores(label, "set:v2", split, ids, np.asarray(accuracy, float), np.full(len(ids), 100.0))
+
+    validation = {n: scores(n, "validation", rng.random(40) < (0.7 if n == "self_consistency" else 0.5))
+                  for n in PROTOCOL_ROWS}
+    test = {n: scores(n, "test", rng.random(40) < {"debate": 0.8, "self_consistency": 0.4}.get(n, 0.3))
+            for n in PROTOCOL_ROWS}
+    runs = [scores("sft", "test", rng.random(40) < 0.6) for _ in range(3)]
+    found = {"protocols": {"validation": validation, "test": test},
+             "trainers": {"sft": {"runs": runs, "grid": {}, "chosen": "lr0.001", "validation": 0.75}}}
+    cell = type("Cell", (), {"name": "set:v2"})()
+    [summary] = suite.summaries([(cell, found)], 0.95)
+    assert summary["best"] == "self_consistency" and summary["hindsight"] == "debate"
+    reference = test["self_consistency"].accuracy.mean()
+    assert summary["rows"]["sft"]["interval"][0] == pytest.approx(np.mean([r.accuracy.mean() for r in runs]) - reference)
+    text = "\n".join(suite.cell_lines(summary, 0.95, 0.95))
+    assert "On test, debate (" in text and "in hindsight" in text

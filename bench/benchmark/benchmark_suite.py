@@ -33,7 +33,7 @@ import numpy as np
 from _results import RESULTS, command_line
 from _suite import EXTERNAL, TRAINERS, choices, folder_name, read, train_and_score
 
-from baselines.benchmark import GAMES, interquartile_mean, parse_cell, protocol_scores, shipped_cells
+from baselines.benchmark import GAMES, PROTOCOL_ROWS, interquartile_mean, parse_cell, protocol_scores, shipped_cells
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -80,12 +80,16 @@ def summaries(cells: list[tuple], level: float) -> list[dict]:
     for cell, found in cells:
         best, ordered = choices(found)
         validation, reference = found["protocols"]["validation"][best], found["protocols"]["test"][best].accuracy
+        test = found["protocols"]["test"]
+        hindsight = max(PROTOCOL_ROWS, key=lambda n: test[n].accuracy.mean())  # never chosen: reported beside
         rows = {}
         for algo, trainer in ordered:
             runs = np.stack([r.accuracy for r in trainer["runs"]])
             rows[algo] = {"runs": runs, "trainer": trainer, "margin": trainer["validation"] - validation.accuracy.mean(),
-                          "interval": hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level)}
-        out.append({"cell": cell, "found": found, "best": best, "rows": rows})
+                          "interval": hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level),
+                          "hindsight": hierarchical_bootstrap([runs, test[hindsight].accuracy], [1.0, -1.0], level=level)}
+        out.append({"cell": cell, "found": found, "best": best, "rows": rows,
+                    "hindsight": hindsight if test[hindsight].accuracy.mean() > reference.mean() else None})
     return out
 
 
@@ -158,6 +162,12 @@ def cell_lines(summary: dict, level: float, pair_level: float) -> list[str]:
                      f"{trainer['validation']:.3f} | {per_seed.mean():.3f} | {interquartile_mean(per_seed):.3f} | "
                      f"{points(*row['interval'])} | {np.mean([r.tokens.mean() for r in trainer['runs']]):,.0f} | "
                      + ", ".join(f"{v:.3f}" for v in per_seed) + " |")
+    hindsight = summary["hindsight"]
+    if hindsight:
+        lines += ["", f"On test, {hindsight} ({test[hindsight].accuracy.mean():.3f}) scores above the protocol "
+                  f"validation chose. Against it (in hindsight, so not the leaderboard's comparison; points "
+                  f"[{100 * level:.2f}%]): " + "; ".join(f"{algo} {points(*row['hindsight'])}" for algo, row in rows.items())
+                  + "."]
     if any(algo.startswith(EXTERNAL) for algo in rows):
         lines += ["", f"`{EXTERNAL}*`: BenchMARL's algorithms with its own default configs, untuned "
                   "(`bench/benchmark/peers_benchmarl.py`, docs/peers.md)."]
@@ -183,8 +193,11 @@ def cell_lines(summary: dict, level: float, pair_level: float) -> list[str]:
 
 
 def target_lines(found_cells: list[dict], level: float) -> list[str]:
-    margin = [f"{c['cell'].name} {algo} {points(*row['interval'], bold=False)}" for c in found_cells
-              for algo, row in c["rows"].items() if row["interval"][0] >= TARGET and row["interval"][1] > 0]
+    margin = [f"{c['cell'].name} {algo} {points(*row['interval'], bold=False)}"
+              + (f" (against {c['hindsight']}, the best protocol on test in hindsight: "
+                 f"{points(*row['hindsight'], bold=False)})" if c["hindsight"] else "")
+              for c in found_cells for algo, row in c["rows"].items()
+              if row["interval"][0] >= TARGET and row["interval"][1] > 0]
     apart = [f"{c['cell'].name} {first} - {second} {points(*interval, bold=False)}" for c in found_cells
              for first, second, interval in c.get("told_apart", [])]
     return ["## Targets", "",
