@@ -76,6 +76,13 @@ def test_the_suite_tunes_on_validation_reads_test_once_resumes_and_reports(sets,
     tuning = board.split("Tuning (mean validation accuracy")[1].split("Pairs")[0]
     assert external.name not in tuning and "| sft |" in tuning
 
+    # A row with fewer final seeds than asked (a sweep under way) waits outside the tables and their levels.
+    (external / "final-default-seed1-test.csv").unlink()
+    suite.main([*flags, "--report-only"])
+    board = (tmp_path / "suite.md").read_text()
+    assert "level 97.50% for the 2 learned-vs-protocol comparisons" in board
+    assert f"{external.name}: 1 of 2 seeds" in board.split("Rows still running")[1]
+
 
 def test_a_cell_of_an_unknown_game_is_one_line_on_stderr(bench_import, capsys):
     with pytest.raises(SystemExit):

@@ -100,8 +100,15 @@ def points(diff: float, low: float, high: float, bold: bool = True) -> str:
 
 
 def report(args, skipped: list[str] = ()) -> str:
-    cells = [(cell, read(os.path.join(args.out, folder_name(cell)))) for cell in args.cells]
-    cells = [(cell, found) for cell, found in cells if found["trainers"]]
+    cells, incomplete = [], []
+    for cell in args.cells:
+        found = read(os.path.join(args.out, folder_name(cell)))
+        for algo, trainer in list(found["trainers"].items()):
+            if len(trainer["runs"]) < args.seeds:  # a sweep under way: its row waits for all its seeds
+                incomplete.append(f"{cell.name} {algo}: {len(trainer['runs'])} of {args.seeds} seeds")
+                del found["trainers"][algo]
+        if found["trainers"]:
+            cells.append((cell, found))
     comparisons = sum(len(found["trainers"]) for _, found in cells)
     level = 1 - 0.05 / max(1, comparisons)
     pairs = sum(len(found["trainers"]) * (len(found["trainers"]) - 1) // 2 for _, found in cells)
@@ -126,6 +133,8 @@ def report(args, skipped: list[str] = ()) -> str:
     lines += target_lines(found_cells, level)
     if skipped:
         lines += ["", "Not run:", *[f"- {line}" for line in skipped]]
+    if incomplete:
+        lines += ["", "Rows still running (left out of every table and level above):", *[f"- {line}" for line in incomplete]]
     return "\n".join(lines)
 
 
