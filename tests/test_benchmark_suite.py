@@ -132,7 +132,7 @@ def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_ne
     found = {"protocols": {"validation": validation, "test": test},
              "trainers": {"sft": {"runs": runs, "grid": {}, "chosen": "lr0.001", "validation": 0.75}}}
     cell = type("Cell", (), {"name": "set:v2"})()
-    [summary] = suite.summaries([(cell, found)], 0.95)
+    [summary] = suite.summaries([(cell, found)], 0.95, 0.95)
     assert summary["best"] == "self_consistency" and summary["hindsight"] == "debate"
     reference = test["self_consistency"].accuracy.mean()
     assert summary["rows"]["sft"]["interval"][0] == pytest.approx(np.mean([r.accuracy.mean() for r in runs]) - reference)

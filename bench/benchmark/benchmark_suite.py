@@ -73,9 +73,10 @@ def run_cell(cell, args) -> None:
 
 
 # ----------------------------------------------------------------------------- the report
-def summaries(cells: list[tuple], level: float) -> list[dict]:
+def summaries(cells: list[tuple], level: float, pair_level: float) -> list[dict]:
     """Per cell found: its best protocol (on validation) and, per trainer in headline order, the test difference to
-    it with its interval at ``level``, and its validation margin over that protocol."""
+    it with its interval at ``level``, and its validation margin over that protocol; per pair of trainers, their
+    difference with its interval at ``pair_level``."""
     out = []
     for cell, found in cells:
         best, ordered = choices(found)
@@ -88,7 +89,10 @@ def summaries(cells: list[tuple], level: float) -> list[dict]:
             rows[algo] = {"runs": runs, "trainer": trainer, "margin": trainer["validation"] - validation.accuracy.mean(),
                           "interval": hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level),
                           "hindsight": hierarchical_bootstrap([runs, test[hindsight].accuracy], [1.0, -1.0], level=level)}
-        out.append({"cell": cell, "found": found, "best": best, "rows": rows,
+        pairs = [(first, second, hierarchical_bootstrap([rows[first]["runs"], rows[second]["runs"]], [1.0, -1.0],
+                                                        level=pair_level))
+                 for first, second in itertools.combinations(rows, 2)]
+        out.append({"cell": cell, "found": found, "best": best, "rows": rows, "pairs": pairs,
                     "hindsight": hindsight if test[hindsight].accuracy.mean() > reference.mean() else None})
     return out
 
@@ -113,7 +117,7 @@ def report(args, skipped: list[str] = ()) -> str:
     level = 1 - 0.05 / max(1, comparisons)
     pairs = sum(len(found["trainers"]) * (len(found["trainers"]) - 1) // 2 for _, found in cells)
     pair_level = 1 - 0.05 / max(1, pairs)
-    found_cells = summaries(cells, level)
+    found_cells = summaries(cells, level, pair_level)
     lines = ["# Leaderboard under the benchmark protocol", "", f"`{command_line()}`", "",
              f"Trained on `fit` ({args.episodes} episodes a run), every choice made on `validation`, read on `test` "
              f"once. Intervals: hierarchical bootstrap over the seeds and, paired, the problems, at the "
@@ -187,17 +191,13 @@ def cell_lines(summary: dict, level: float, pair_level: float) -> list[str]:
         if not grid:
             continue
         lines.append(f"| {algo} | " + " | ".join(f"{np.mean(grid.get(tag(c), [np.nan])):.3f}" for c in configs()) + " |")
-    pairs = list(itertools.combinations(rows, 2))
-    if pairs:
+    if summary["pairs"]:
         lines += ["", f"Pairs (row - column): difference in points [{100 * pair_level:.2f}%], and the probability "
                   "that a run of the first beats a run of the second (ties half).", "",
                   "| first | second | difference | P(first > second) |", "|---|---|---|---|"]
-        for first, second in pairs:
-            a, b = rows[first]["runs"], rows[second]["runs"]
-            interval = hierarchical_bootstrap([a, b], [1.0, -1.0], level=pair_level)
-            lines.append(f"| {first} | {second} | {points(*interval)} | {improvement(a.mean(1), b.mean(1)):.2f} |")
-            summary.setdefault("told_apart", []).extend([(first, second, interval)] if interval[1] > 0 or
-                                                       interval[2] < 0 else [])
+        for first, second, interval in summary["pairs"]:
+            improved = improvement(rows[first]["runs"].mean(1), rows[second]["runs"].mean(1))
+            lines.append(f"| {first} | {second} | {points(*interval)} | {improved:.2f} |")
     return [*lines, ""]
 
 
@@ -208,7 +208,7 @@ def target_lines(found_cells: list[dict], level: float) -> list[str]:
               for c in found_cells for algo, row in c["rows"].items()
               if row["interval"][0] >= TARGET and row["interval"][1] > 0]
     apart = [f"{c['cell'].name} {first} - {second} {points(*interval, bold=False)}" for c in found_cells
-             for first, second, interval in c.get("told_apart", [])]
+             for first, second, interval in c["pairs"] if interval[1] > 0 or interval[2] < 0]
     return ["## Targets", "",
             f"- A learned row {100 * TARGET:.0f} points or more above the best protocol, its {100 * level:.2f}% "
             "interval above 0: " + ("; ".join(margin) if margin else "not reached in any cell"),
