@@ -34,7 +34,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,10 +186,15 @@ def protocol_scores(cell: str | Cell, split: str, names: Sequence[str] = (*PROTO
     return out
 
 
+def pick_protocol(validation: Mapping[str, Scores]) -> str:
+    """The leaderboard's one rule: the protocol of ``PROTOCOL_ROWS`` with the highest validation accuracy (ties: the
+    first listed). ``validation``: each protocol's scores on the validation split."""
+    return max(PROTOCOL_ROWS, key=lambda name: (validation[name].accuracy.mean(), -PROTOCOL_ROWS.index(name)))
+
+
 def best_protocol(cell: str | Cell) -> str:
-    """The fixed protocol (of ``PROTOCOL_ROWS``) with the highest validation accuracy (ties: the first listed)."""
-    scores = protocol_scores(cell, "validation", PROTOCOL_ROWS)
-    return max(PROTOCOL_ROWS, key=lambda name: (scores[name].accuracy.mean(), -PROTOCOL_ROWS.index(name)))
+    """The cell's protocol to beat, chosen on its validation split (``pick_protocol``)."""
+    return pick_protocol(protocol_scores(cell, "validation", PROTOCOL_ROWS))
 
 
 # ----------------------------------------------------------------------------- the row

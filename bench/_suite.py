@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from baselines.benchmark import PROTOCOL_ROWS, Scores, loaded, policy_scores
+from baselines.benchmark import Scores, loaded, pick_protocol, policy_scores
 from baselines.meta.config import make_env_fn
 from baselines.meta.train import config_class, run
 from deliberation_env.replay import ReplayBackend
@@ -72,8 +72,18 @@ def read(folder: str) -> dict:
 def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
     """What validation chooses in a cell's folder (``read``): the best protocol, and the trainers in headline order
     (mean validation accuracy over their final seeds, best first)."""
-    validation = found["protocols"]["validation"]
-    best = max(PROTOCOL_ROWS, key=lambda n: (validation[n].accuracy.mean(), -PROTOCOL_ROWS.index(n)))
-    return best, sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+    return pick_protocol(found["protocols"]["validation"]), sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+
+
+def headline(cells: list[tuple]) -> tuple[object, str]:
+    """The row to headline, chosen on validation across cells (``(cell, read(folder))`` pairs): the cell and trainer
+    whose mean validation accuracy is furthest above its cell's best protocol on validation."""
+    def margin(item: tuple) -> float:
+        (_, found), algo = item
+        best, _ = choices(found)
+        return found["trainers"][algo]["validation"] - found["protocols"]["validation"][best].accuracy.mean()
+
+    (cell, _), algo = max((((cell, found), algo) for cell, found in cells for algo in found["trainers"]), key=margin)
+    return cell, algo
 
 

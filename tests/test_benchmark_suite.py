@@ -138,3 +138,25 @@ def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_ne
     assert summary["rows"]["sft"]["interval"][0] == pytest.approx(np.mean([r.accuracy.mean() for r in runs]) - reference)
     text = "\n".join(suite.cell_lines(summary, 0.95, 0.95))
     assert "On test, debate (" in text and "in hindsight" in text
+
+
+def test_the_row_to_headline_is_chosen_on_validation_across_cells(bench_import):
+    """The headline is the largest validation margin over the cell's own protocol (chosen on validation): not the
+    best test score, nor the highest validation accuracy in a cell whose protocol is as high."""
+    from baselines.benchmark import PROTOCOL_ROWS
+
+    suite = bench_import("_suite")
+    ids = [f"p{i}" for i in range(10)]
+
+    def found(protocol_validation: float, trainers: dict[str, tuple[float, float]]) -> dict:
+        def scores(label, split, value):
+            return Scores(label, "set:v2", split, ids, np.full(len(ids), value), np.full(len(ids), 100.0))
+        return {"protocols": {split: {n: scores(n, split, protocol_validation if n == "debate" else 0.1)
+                                      for n in PROTOCOL_ROWS} for split in ("validation", "test")},
+                "trainers": {algo: {"runs": [scores(algo, "test", test)], "grid": {}, "chosen": "lr0.001",
+                                    "validation": validation} for algo, (validation, test) in trainers.items()}}
+
+    high = found(0.80, {"ppo": (0.85, 0.99)})  # the best test score and validation accuracy, a 5-point margin
+    low = found(0.40, {"sft": (0.50, 0.45), "mappo": (0.52, 0.41)})  # margins of 10 and 12 points
+    assert suite.headline([("high", high), ("low", low)]) == ("low", "mappo")
+    assert suite.choices(low)[0] == "debate"

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 from _results import RESULTS, command_line
-from _suite import EXTERNAL, TRAINERS, choices, folder_name, read, train_and_score
+from _suite import EXTERNAL, TRAINERS, choices, folder_name, headline, read, train_and_score
 
 from baselines.benchmark import GAMES, PROTOCOL_ROWS, interquartile_mean, parse_cell, protocol_scores, shipped_cells
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
@@ -125,7 +125,8 @@ def report(args, skipped: list[str] = ()) -> str:
              f"below (simultaneous 95%); the {pairs} pairs of trainers, at {100 * pair_level:.2f}% (their own family's).", ""]
     lines += overview(found_cells, level)
     if found_cells:
-        cell, algo = max(((c, a) for c in found_cells for a in c["rows"]), key=lambda ca: ca[0]["rows"][ca[1]]["margin"])
+        chosen, algo = headline(cells)
+        cell = next(c for c in found_cells if c["cell"] is chosen)
         row, reference = cell["rows"][algo], cell["found"]["protocols"]["test"][cell["best"]].accuracy
         alone = hierarchical_bootstrap([row["runs"], reference], [1.0, -1.0], level=0.95)
         lines += [f"**The row to headline**, chosen on validation (the largest mean validation accuracy over the "
