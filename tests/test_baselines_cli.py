@@ -159,3 +159,30 @@ def test_the_documented_entry_points_are_the_programs(module, capsys):
     with pytest.raises(SystemExit) as exited:
         importlib.import_module(module).main(["--help"])
     assert exited.value.code == 0 and f"python -m {module}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["structured", "flat"])
+def test_a_float64_policy_takes_the_float32_observations_and_computes_in_float64(kind):
+    """Weights built under ``torch.set_default_dtype(torch.float64)`` (bench/studies/kernel_divergence.py trains so)
+    act on the env's float32 observations, in float64, with the float32 policy's decisions up to rounding."""
+    from baselines.meta.policy import Policy, make_layout
+
+    env = deliberation_env.parallel_env(**({"observation": "flat"} if kind == "flat" else {}))
+    obs, _ = env.reset(seed=0)
+    agent = env.agents[0]
+    layout = make_layout(env.observation_space(agent), env.action_space(agent))
+    assert layout.kind == kind
+    x, mask = stack([encode(layout, obs[a]) for a in env.agents])
+    assert x.dtype == torch.float32
+    torch.manual_seed(0)
+    single = Policy(layout)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        double = Policy(layout)
+    finally:
+        torch.set_default_dtype(previous)
+    double.load_state_dict(single.state_dict())
+    logits = double(x, mask)
+    assert logits.dtype == torch.float64
+    torch.testing.assert_close(logits.float(), single(x, mask), rtol=1e-5, atol=1e-5)
