@@ -72,18 +72,22 @@ def read(folder: str) -> dict:
 def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
     """What validation chooses in a cell's folder (``read``): the best protocol, and the trainers in headline order
     (mean validation accuracy over their final seeds, best first)."""
-    return pick_protocol(found["protocols"]["validation"]), sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+    trainers = sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
+    return pick_protocol(found["protocols"]["validation"]), trainers
+
+
+def margins(found: dict) -> dict[str, float]:
+    """Each trainer's mean validation accuracy over its cell's best protocol on validation (``read``'s folder)."""
+    validation = found["protocols"]["validation"]
+    protocol = validation[pick_protocol(validation)].accuracy.mean()
+    return {algo: trainer["validation"] - protocol for algo, trainer in found["trainers"].items()}
 
 
 def headline(cells: list[tuple]) -> tuple[object, str]:
     """The row to headline, chosen on validation across cells (``(cell, read(folder))`` pairs): the cell and trainer
-    whose mean validation accuracy is furthest above its cell's best protocol on validation."""
-    def margin(item: tuple) -> float:
-        (_, found), algo = item
-        best, _ = choices(found)
-        return found["trainers"][algo]["validation"] - found["protocols"]["validation"][best].accuracy.mean()
-
-    (cell, _), algo = max((((cell, found), algo) for cell, found in cells for algo in found["trainers"]), key=margin)
+    with the largest ``margins``."""
+    cell, algo, _ = max(((cell, algo, margin) for cell, found in cells for algo, margin in margins(found).items()),
+                        key=lambda item: item[2])
     return cell, algo
 
 

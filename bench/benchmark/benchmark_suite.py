@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 from _results import RESULTS, command_line
-from _suite import EXTERNAL, TRAINERS, choices, folder_name, headline, read, train_and_score
+from _suite import EXTERNAL, TRAINERS, choices, folder_name, headline, margins, read, train_and_score
 
 from baselines.benchmark import GAMES, PROTOCOL_ROWS, interquartile_mean, parse_cell, protocol_scores, shipped_cells
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
@@ -80,13 +80,13 @@ def summaries(cells: list[tuple], level: float, pair_level: float) -> list[dict]
     out = []
     for cell, found in cells:
         best, ordered = choices(found)
-        validation, reference = found["protocols"]["validation"][best], found["protocols"]["test"][best].accuracy
         test = found["protocols"]["test"]
+        reference = test[best].accuracy
         hindsight = max(PROTOCOL_ROWS, key=lambda n: test[n].accuracy.mean())  # never chosen: reported beside
-        rows = {}
+        rows, margin = {}, margins(found)
         for algo, trainer in ordered:
             runs = np.stack([r.accuracy for r in trainer["runs"]])
-            rows[algo] = {"runs": runs, "trainer": trainer, "margin": trainer["validation"] - validation.accuracy.mean(),
+            rows[algo] = {"runs": runs, "trainer": trainer, "margin": margin[algo],
                           "interval": hierarchical_bootstrap([runs, reference], [1.0, -1.0], level=level),
                           "hindsight": hierarchical_bootstrap([runs, test[hindsight].accuracy], [1.0, -1.0], level=level)}
         pairs = [(first, second, hierarchical_bootstrap([rows[first]["runs"], rows[second]["runs"]], [1.0, -1.0],

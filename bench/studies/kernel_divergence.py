@@ -25,7 +25,7 @@ import torch
 from _results import RESULTS, command_line, write_report
 from _suite import choices, folder_name, read, train_and_score
 
-from baselines.benchmark import parse_cell
+from baselines.benchmark import Scores, parse_cell
 from baselines.meta.policy import load_policy
 from deliberation_env.cli import ArgumentParser
 
@@ -41,11 +41,9 @@ def run_dir(args, path: str, dtype: str, episodes: int) -> str:
 def child(args) -> None:
     """One run, in this process (its parent set ``ATEN_CPU_CAPABILITY`` before torch loaded)."""
     torch.set_default_dtype(getattr(torch, args.dtypes[0]))
-    cell = parse_cell(args.cell)
     folder = run_dir(args, args.path, args.dtypes[0], args.episodes[0])
-    scores = train_and_score(cell, args.trainer, {"lr": lr(args)}, args.seed, args.episodes[0], ("test",), folder,
-                             "run", runs=folder)
-    print(f"{scores['test'].accuracy.mean():.4f}")
+    train_and_score(parse_cell(args.cell), args.trainer, {"lr": lr(args)}, args.seed, args.episodes[0], ("test",),
+                    folder, "run", runs=folder)
 
 
 def lr(args) -> float:
@@ -54,22 +52,19 @@ def lr(args) -> float:
 
 
 def train(args, path: str, dtype: str, episodes: int) -> tuple[float, dict[str, torch.Tensor]]:
-    """A run on ``path``'s kernels (reused when its folder holds it): its test accuracy and final weights."""
+    """A run on ``path``'s kernels (reused when its folder holds it): its test accuracy and final weights, where
+    ``train_and_score`` wrote them."""
     folder = run_dir(args, path, dtype, episodes)
-    accuracy = os.path.join(folder, "accuracy.txt")
-    if not os.path.isfile(accuracy):
+    scores = os.path.join(folder, "run-test.csv")
+    if not os.path.isfile(scores):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--path", path, "--dtypes", dtype,
                               "--episodes", str(episodes), "--cell", args.cell, "--trainer", args.trainer,
                               "--seed", str(args.seed)],
                              env={**os.environ, "ATEN_CPU_CAPABILITY": path}, capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"the {path} run failed:\n{out.stderr[-2000:]}")
-        with open(accuracy, "w", encoding="utf-8") as f:
-            f.write(out.stdout.strip().splitlines()[-1])
-    with open(accuracy, encoding="utf-8") as f:
-        value = float(f.read())
-    (policy,) = [os.path.join(root, "policy.pt") for root, _, files in os.walk(folder) if "policy.pt" in files]
-    return value, {k: v.double() for k, v in load_policy(policy).state_dict().items()}
+    policy = load_policy(os.path.join(folder, folder_name(parse_cell(args.cell)), args.trainer, "run", "policy.pt"))
+    return float(Scores.load(scores).accuracy.mean()), {k: v.double() for k, v in policy.state_dict().items()}
 
 
 def main(argv=None) -> None:

@@ -221,24 +221,17 @@ def run(args) -> None:
             subprocess.run(["git", "commit", "-q", "-m", name, "--", path], check=True)
 
 
-def live_outcomes(folder: str) -> dict[tuple[str, int | None], dict[int, float]]:
+def live_outcomes(folder: str) -> tuple[dict[tuple[str, int | None], dict[int, float]], dict[str, float]]:
+    """The finished chunks of a plan: each (row, seed)'s outcome per problem, and each row's mean tokens per episode."""
     outcomes: dict[tuple[str, int | None], dict[int, float]] = {}
+    spent: dict[str, list[float]] = {}
     for path in sorted(glob.glob(os.path.join(folder, "chunk-*.csv"))):
         with open(path, encoding="utf-8") as f:
             for r in csv.DictReader(f):
                 key = (r["label"], int(r["seed"]) if r["seed"] else None)
                 outcomes.setdefault(key, {})[int(r["problem_index"])] = float(r["correct"])
-    return outcomes
-
-
-def live_tokens(folder: str) -> dict[str, float]:
-    """Mean tokens per live episode of each row (over its seeds and problems)."""
-    spent: dict[str, list[float]] = {}
-    for path in glob.glob(os.path.join(folder, "chunk-*.csv")):
-        with open(path, encoding="utf-8") as f:
-            for r in csv.DictReader(f):
                 spent.setdefault(r["label"], []).append(float(r["tokens"]))
-    return {label: float(np.mean(values)) for label, values in spent.items()}
+    return outcomes, {label: float(np.mean(values)) for label, values in spent.items()}
 
 
 def gap_interval(live: np.ndarray, replay: np.ndarray, resamples: int = 4000, level: float = 0.95
@@ -261,7 +254,7 @@ def gap_interval(live: np.ndarray, replay: np.ndarray, resamples: int = 4000, le
 
 def section(folder: str) -> list[str]:
     """One plan's table: each row's replay and live accuracy and tokens, its gains over the protocol and their gap."""
-    document, live = read_plan(folder), live_outcomes(folder)
+    document, (live, tokens) = read_plan(folder), live_outcomes(folder)
     cell, name = document["cell"], os.path.relpath(os.path.join(folder, "plan.json"), RESULTS)
     protocol = document["rows"][0]["label"]
     done = sorted(live.get((protocol, None), {}))
@@ -269,7 +262,6 @@ def section(folder: str) -> list[str]:
         return [f"## {cell}", "", f"Rows named in [{os.path.basename(name)}]({name}): no live chunk yet.", ""]
     replay_protocol, replay_tokens = suite_outcomes(cell, protocol)[1:]
     base = np.array([live[(protocol, None)][i] for i in done])
-    tokens = live_tokens(folder)
     lines = [f"## {cell}", "",
              f"Rows named in [{os.path.basename(name)}]({name}) ({document['chosen_on']}). Live: {len(done)} test "
              f"problems outside the recording ({done[0]}-{done[-1]} of the planned {document['problems'][0]}-"
