@@ -162,7 +162,7 @@ class CrossAttentionNet(nn.Module):
         self.head = mlp(2 * hidden, hidden, outputs, layers=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.head[0].weight.dtype)  # observations arrive as float32; a float64 net computes in float64
+        x = x.to(next(self.parameters()).dtype)  # observations arrive as float32; a float64 net computes in float64
         own = self.own(x[:, : self.layout.self_dim])
         if self.layout.num_peers == 0:
             context = torch.zeros_like(own)
@@ -181,7 +181,7 @@ class FlatNet(nn.Module):
         self.body = mlp(layout.obs_dim, hidden, outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x.to(self.body[0].weight.dtype))
+        return self.body(x.to(next(self.parameters()).dtype))
 
 
 def build_network(layout: ObsLayout, outputs: int, hidden: int = 64) -> nn.Module:
