@@ -36,6 +36,7 @@ import os
 import time
 
 import numpy as np
+from _results import RESULTS
 from _suite import TRAINERS, train_and_score
 from _trees import feature_columns, headroom, pool_trees, tree_of
 
@@ -159,7 +160,7 @@ def main(argv=None) -> None:
     parser.add_argument("--analysis", action=argparse.BooleanOptionalAction, default=True,
                         help="the tree's headroom and signal tables after the rows (slow: minutes; the 3-action game "
                              "only; bench/studies/headroom.py has them for every set and game)")
-    parser.add_argument("--out", default="bench/results/replay_benchmark")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "replay_benchmark"))
     args = parser.parse_args(argv)
     try:
         cell = parse_cell(args.cell)

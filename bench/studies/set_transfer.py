@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 from _replay_rows import options, play_rows, protocol_rows, train_policy
+from _results import RESULTS
 from _suite import TRAINERS
 
 from baselines.benchmark import PROTOCOL_ROWS
@@ -68,7 +69,7 @@ def main(argv=None) -> None:
     parser.add_argument("--features", default="v3", choices=list(features.FEATURE_SETS))
     parser.add_argument("--env-option", dest="env_options", action=KeyValueAction, default={"concede_to_peer": True},
                         metavar="KEY=VALUE", help="env options of every replay env (default: concede_to_peer=True)")
-    parser.add_argument("--out", default="bench/results/set_transfer")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "set_transfer"))
     args = parser.parse_args(argv)
     if len(args.sets) < 2:
         parser.error("--sets needs at least 2 replay sets")
