@@ -7,6 +7,7 @@ Every bench folder reaches it (see ``bench/_results.py``)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import numpy as np
@@ -25,6 +26,16 @@ with its own configs, untuned, its final runs named ``final-default-seed<k>``)."
 def folder_name(cell) -> str:
     """A cell's folder name: ``<set>-<game>`` (a local set by its folder's name, so no path of this machine)."""
     return f"{os.path.basename(cell.dataset.rstrip('/'))}-{cell.game}"
+
+
+def external_frames(folder: str) -> list[int]:
+    """The training frames of an external row's runs (its runs' JSON files, ``peers_benchmarl.py``), distinct, sorted;
+    on the one-round sets a frame is one episode."""
+    frames = set()
+    for path in glob.glob(os.path.join(folder, "final-*.json")):
+        with open(path, encoding="utf-8") as f:
+            frames.add(int(json.load(f)["frames"]))
+    return sorted(frames)
 
 
 def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, splits: tuple[str, ...],
@@ -47,7 +58,8 @@ def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, spl
 
 
 def read(folder: str) -> dict:
-    """What a cell's folder holds: protocols per split, and per trainer its tuning and final runs."""
+    """What a cell's folder holds: protocols per split, and per trainer its tuning and final runs (an external row's
+    training frames too: ``external_frames``)."""
     found: dict = {"protocols": {}, "trainers": {}}
     for path in glob.glob(os.path.join(folder, "protocols", "*.csv")):
         scores = Scores.load(path)
@@ -65,7 +77,8 @@ def read(folder: str) -> dict:
             chosen = os.path.basename(finals[0]).split("-")[1]
             validation = [Scores.load(p.replace("-test.csv", "-validation.csv")) for p in finals]
             found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen,
-                                       "validation": float(np.mean([v.accuracy.mean() for v in validation]))}
+                                       "validation": float(np.mean([v.accuracy.mean() for v in validation])),
+                                       "frames": external_frames(os.path.join(folder, algo))}
     return found
 
 

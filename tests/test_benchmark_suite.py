@@ -5,6 +5,7 @@ report whose tables and targets read the runs' files."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import numpy as np
@@ -65,8 +66,12 @@ def test_the_suite_tunes_on_validation_reads_test_once_resumes_and_reports(sets,
         scores = Scores.load(path)
         scores.label = external.name
         scores.save(external / os.path.basename(path).replace(os.path.basename(path).split("-")[1], "default"))
+        stem = os.path.basename(path).split("-seed")[1].split("-")[0]
+        (external / f"final-default-seed{stem}.json").write_text(json.dumps({"frames": 12000}))
     suite.main([*flags, "--report-only"])
     board = (tmp_path / "suite.md").read_text()
+    # its budget beside ours: a peer that trains on more episodes says so
+    assert "12,000 frames a run (a frame is one episode of a one-round set; ours: 20 episodes)" in board
     assert "level 98.33% for the 3 learned-vs-protocol comparisons" in board
     assert f"| cell | best protocol (test) | grpo | sft | {external.name} |" in board
     table = board.split("| trainer | lr (chosen on validation)")[1].split("\n\n")[0].splitlines()[2:]
@@ -130,13 +135,13 @@ def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_ne
             for n in PROTOCOL_ROWS}
     runs = [scores("sft", "test", rng.random(40) < 0.6) for _ in range(3)]
     found = {"protocols": {"validation": validation, "test": test},
-             "trainers": {"sft": {"runs": runs, "grid": {}, "chosen": "lr0.001", "validation": 0.75}}}
+             "trainers": {"sft": {"runs": runs, "grid": {}, "chosen": "lr0.001", "validation": 0.75, "frames": []}}}
     cell = type("Cell", (), {"name": "set:v2"})()
     [summary] = suite.summaries([(cell, found)], 0.95, 0.95)
     assert summary["best"] == "self_consistency" and summary["hindsight"] == "debate"
     reference = test["self_consistency"].accuracy.mean()
     assert summary["rows"]["sft"]["interval"][0] == pytest.approx(np.mean([r.accuracy.mean() for r in runs]) - reference)
-    text = "\n".join(suite.cell_lines(summary, 0.95, 0.95))
+    text = "\n".join(suite.cell_lines(summary, 0.95, 0.95, 4000))
     assert "On test, debate (" in text and "in hindsight" in text
 
 
@@ -160,3 +165,36 @@ def test_the_row_to_headline_is_chosen_on_validation_across_cells(bench_import):
     low = found(0.40, {"sft": (0.50, 0.45), "mappo": (0.52, 0.41)})  # margins of 10 and 12 points
     assert suite.headline([("high", high), ("low", low)]) == ("low", "mappo")
     assert suite.choices(low)[0] == "debate"
+
+
+def test_the_peer_budget_study_trains_ours_for_the_peers_frames(sets, tmp_path, bench_import, monkeypatch):
+    """bench/studies/peer_budget.py: its middle arm is our trainer again with the peer's frames as episodes (the
+    suite's learning rate and seeds), so the arms differ by their budget alone; the report sets the three side by
+    side."""
+    from baselines.meta.policy import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)  # the trained policies go under runs/ here
+    suite, study = bench_import("benchmark_suite"), bench_import("peer_budget")
+    name, out = f"{sets / 'all'}:v2", tmp_path / "suite"
+    suite.main(["--cells", name, "--trainers", "mappo", "--seeds", "2", "--episodes", "20", "--out", str(out)])
+    cell = out / "all-v2"
+    peer = cell / f"{suite.EXTERNAL}mappo"
+    peer.mkdir()
+    for path in glob.glob(str(cell / "mappo" / "final-*.csv")):  # the peer's files, as peers_benchmarl.py writes them
+        Scores.load(path).save(peer / os.path.basename(path).replace(os.path.basename(path).split("-")[1], "default"))
+    for seed in (0, 1):
+        (peer / f"final-default-seed{seed}.json").write_text(json.dumps({"frames": 60}))
+    study.main(["--cells", name, "--seeds", "0", "1", "--suite", str(out), "--suite-episodes", "20",
+                "--out", str(tmp_path / "budget"), "--runs", "again"])
+    lr = os.path.basename(glob.glob(str(cell / "mappo" / "final-*-seed0-test.csv"))[0]).split("-")[1]
+    for seed in (0, 1):
+        ours = load_checkpoint(glob.glob(f"runs/benchmark_suite/all-v2/mappo/final-{lr}-seed{seed}/policy.pt")[0])
+        again = load_checkpoint(glob.glob(f"again/all-v2/mappo/final-{lr}-seed{seed}/policy.pt")[0])
+        assert (ours["config"]["episodes"], again["config"]["episodes"]) == (20, 60)
+        assert {k: v for k, v in ours["config"].items() if k not in ("episodes", "out")} == \
+            {k: v for k, v in again["config"].items() if k not in ("episodes", "out")}
+        assert os.path.isfile(tmp_path / "budget" / "all-v2" / "mappo-60" / f"final-{lr}-seed{seed}-validation.csv")
+    board = (tmp_path / "budget.md").read_text()
+    for arm in ("| mappo (20 episodes) | 2 |", "| mappo (60 episodes) | 2 |", "| BenchMARL mappo (60 frames) | 2 |"):
+        assert arm in board
+    assert "| BenchMARL mappo (60 frames) - mappo (60 episodes) |" in board

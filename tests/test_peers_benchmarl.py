@@ -201,3 +201,4 @@ def test_the_sweep_trains_on_fit_and_writes_the_suites_external_rows(benchmarl_m
     assert os.stat(paths["test"]).st_mtime_ns == made
     found = suite.read(str(tmp_path / suite.folder_name(cell)))
     assert found["trainers"]["benchmarl-mappo"]["chosen"] == "default" and not found["trainers"]["benchmarl-mappo"]["grid"]
+    assert found["trainers"]["benchmarl-mappo"]["frames"] == [6000]  # the report states a peer's budget

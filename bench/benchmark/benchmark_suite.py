@@ -134,7 +134,7 @@ def report(args, skipped: list[str] = ()) -> str:
                   f"{cell['cell'].name}**, on test {points(*alone, bold=False)} points [95%: one comparison, chosen "
                   f"without test] ({points(*row['interval'], bold=False)} at the table's {100 * level:.2f}%).", ""]
     for summary in found_cells:
-        lines += cell_lines(summary, level, pair_level)
+        lines += cell_lines(summary, level, pair_level, args.episodes)
     lines += target_lines(found_cells, level)
     if skipped:
         lines += ["", "Not run:", *[f"- {line}" for line in skipped]]
@@ -159,8 +159,9 @@ def overview(found_cells: list[dict], level: float) -> list[str]:
     return [*lines, ""]
 
 
-def cell_lines(summary: dict, level: float, pair_level: float) -> list[str]:
-    """A cell's section: its protocols, the trainers' rows, their tuning and their pairs."""
+def cell_lines(summary: dict, level: float, pair_level: float, episodes: int) -> list[str]:
+    """A cell's section: its protocols, the trainers' rows (ours trained for ``episodes`` a run), their tuning and
+    their pairs."""
     cell, found, best = summary["cell"], summary["found"], summary["best"]
     validation, test = found["protocols"]["validation"], found["protocols"]["test"]
     rows = summary["rows"]
@@ -182,9 +183,13 @@ def cell_lines(summary: dict, level: float, pair_level: float) -> list[str]:
                   f"validation chose. Against it (in hindsight, so not the leaderboard's comparison; points "
                   f"[{100 * level:.2f}%]): " + "; ".join(f"{algo} {points(*row['hindsight'])}" for algo, row in rows.items())
                   + "."]
-    if any(algo.startswith(EXTERNAL) for algo in rows):
+    externals = [algo for algo in rows if algo.startswith(EXTERNAL)]
+    if externals:
+        frames = sorted({n for algo in externals for n in rows[algo]["trainer"]["frames"]})
+        budget = (f", {' or '.join(f'{n:,}' for n in frames)} frames a run (a frame is one episode of a one-round set;"
+                  f" ours: {episodes:,} episodes)") if frames else ""
         lines += ["", f"`{EXTERNAL}*`: BenchMARL's algorithms with its own default configs, untuned "
-                  "(`bench/benchmark/peers_benchmarl.py`, docs/peers.md)."]
+                  f"(`bench/benchmark/peers_benchmarl.py`, docs/peers.md){budget}."]
     lines += ["", "Tuning (mean validation accuracy over the tuning seeds, per learning rate):", "",
               "| trainer | " + " | ".join(tag(c) for c in configs()) + " |", "|---|" + "---|" * len(configs())]
     for algo, row in rows.items():
