@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,3 +199,31 @@ def test_the_peer_budget_study_trains_ours_for_the_peers_frames(sets, tmp_path, 
     for arm in ("| mappo (20 episodes) | 2 |", "| mappo (60 episodes) | 2 |", "| BenchMARL mappo (60 frames) | 2 |"):
         assert arm in board
     assert "| BenchMARL mappo (60 frames) - mappo (60 episodes) |" in board
+
+
+def test_the_readme_leaderboard_is_the_committed_reports():
+    """Every entry of the README's leaderboard table is the committed report's (bench/results/benchmark_suite.md) for
+    its cell and trainer, and the level it names is the report's: a re-rendered report leaves no stale README."""
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    report = (root / "bench" / "results" / "benchmark_suite.md").read_text(encoding="utf-8")
+
+    def table(text: str, header: str) -> tuple[list[str], list[list[str]]]:
+        lines = text.split(header, 1)[1].split("\n\n", 1)[0].splitlines()
+        split = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in [header + lines[0], *lines[2:]]]
+        return split[0], split[1:]
+
+    columns, rows = table(readme, "| cell | protocol (test) |")
+    theirs, found = table(report, "| cell | best protocol (test) |")
+    names = {"team:": "qwen05-team-arith:", "arith-v2:": "qwen05-arith-v2:", "arith:": "qwen05-arith:"}
+    reported = {row[0]: dict(zip(theirs, row)) for row in found}
+    assert len(rows) == len(reported)
+    for row in rows:
+        cell = next(full + row[0][len(short):] for short, full in names.items() if row[0].startswith(short))
+        for column, entry in zip(columns[2:], row[2:]):
+            trainer = column.replace("BenchMARL ", "benchmarl-")
+            assert reported[cell].get(trainer, "-") == entry, (cell, trainer)
+        assert reported[cell]["best protocol (test)"].endswith(row[1])
+    level = report.split("Bonferroni-corrected level ", 1)[1].split("%", 1)[0]
+    comparisons = report.split("% for the ", 1)[1].split(" ", 1)[0]
+    assert f"all {comparisons} comparisons ({level}%" in readme

@@ -1,6 +1,6 @@
 """Does BenchMARL's MAPPO score above ours because it trains on three times the episodes?
 
-    python bench/studies/peer_budget.py --cells qwen05-arith-v2:v2 qwen05-arith-v2:chosen-v3     # trains, resumable
+    python bench/studies/peer_budget.py                          # the cells BenchMARL ran on; trains, resumable
     python bench/studies/peer_budget.py --report-only
 
 The leaderboard trains our trainers for 4,000 episodes a run; BenchMARL's rows (bench/benchmark/peers_benchmarl.py)
@@ -94,7 +94,8 @@ def report(args, cells) -> str:
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cells", nargs="+", default=["qwen05-arith-v2:v2", "qwen05-arith-v2:chosen-v3"])
+    parser.add_argument("--cells", nargs="+", default=["qwen05-arith-v2:v2", "qwen05-arith-v2:chosen-v3",
+                                                       "qwen05-team-arith:chosen-v3"], help="cells BenchMARL ran on")
     parser.add_argument("--trainer", default="mappo", help="ours, as the leaderboard runs it")
     parser.add_argument("--peer", default="mappo", help="BenchMARL's algorithm whose budget ours gets")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
