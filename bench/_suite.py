@@ -1,6 +1,6 @@
 """The benchmark suite's runs, shared by ``bench/benchmark/benchmark_suite.py`` and the studies that read or redo them
-(``bench/studies/machine_spread.py``, ``bench/studies/template_overlap.py``, ``bench/studies/live_check.py``): one training
-run trained on ``fit`` and scored, a cell's folder read back, and what validation chooses in it.
+(``bench/studies/machine_spread.py``, ``template_overlap.py``, ``live_check.py``, ``peer_budget.py``): one training run
+trained on ``fit`` and scored, a cell's folder read back, and what validation chooses in it.
 
 Every bench folder reaches it (see ``bench/_results.py``)."""
 
