@@ -8,9 +8,10 @@
 
 BenchMARL builds its training and its evaluation envs from one factory (``TaskClass.get_env_fun``) and evaluates on
 random episodes, so its own evaluation would score the training split. Here the task's envs play ``split`` only
-(the train split by default; the benchmark trains on ``fit``, train without its validation problems; pass ``evaluation=False`` in the experiment config), and a trained policy is scored on
-the test split exactly: ``policy_probabilities`` turns the experiment's policy into the ``probabilities`` function
-that ``deliberation_env.engine.expected_scores`` sums over the compiled game, every problem of the split once.
+(the train split by default; the benchmark trains on ``fit``, train without its validation problems; pass
+``evaluation=False`` in the experiment config), and a trained policy is scored on the test split exactly:
+``policy_probabilities`` turns the experiment's policy into the ``probabilities`` function that
+``deliberation_env.engine.expected_scores`` sums over the compiled game, every problem of the split once.
 
 The env is ``replay_env(..., observation="masked", infos="numeric")`` in TorchRL's ``PettingZooWrapper``: one agent
 group ``"agent"``, the feature vector at ``("agent", "observation", "observation")`` and the legal actions at
@@ -46,7 +47,7 @@ from deliberation_env.engine.exact import Probabilities
 from deliberation_env.engine.tree import CompiledTree, compile_tree
 from deliberation_env.formats import ObservationFormat
 from deliberation_env.make import replay_env
-from deliberation_env.replay.dataset import DERIVED_SPLITS, ReplaySet, env_settings, split_problem_ids
+from deliberation_env.replay.dataset import ReplaySet, derived_splits, env_settings, split_problem_ids
 
 GROUP = "agent"
 """The one agent group: TorchRL groups ``agent_0`` ... ``agent_{N-1}`` by their name's prefix."""
@@ -65,7 +66,7 @@ class ReplayTask(PettingZooClass):
         BenchMARL's setup)."""
         replay = ReplaySet(dataset)
         if split_problem_ids(replay.card, split) is None:
-            splits = sorted([*replay.card.splits, *(d for d, parent in DERIVED_SPLITS.items() if parent in replay.card.splits)])
+            splits = sorted([*replay.card.splits, *derived_splits(replay.card)])
             raise ValueError(f"replay set {replay.card.name!r} has splits {splits}, not {split!r}")
         clash = sorted(set(options) & {*_ENV_FORMAT, "split"})
         if clash:

@@ -459,9 +459,14 @@ def task_split(card: ReplayCard, split: str) -> str:
     return split if split in card.splits else DERIVED_SPLITS.get(split, split)
 
 
+def derived_splits(card: ReplayCard) -> list[str]:
+    """The splits carved from the set's recorded ones (``DERIVED_SPLITS`` whose parent it recorded), sorted."""
+    return sorted(name for name, parent in DERIVED_SPLITS.items() if parent in card.splits)
+
+
 def split_mismatch(card: ReplayCard, where: str, split: str) -> str:
     """The error of an env that asks a replay set for a split it did not record."""
-    derived = sorted(name for name, parent in DERIVED_SPLITS.items() if parent in card.splits)
+    derived = derived_splits(card)
     carved = f" (and {derived}, carved from them)" if derived else ""
     return (f"{where} has no split {split!r}; it holds splits {sorted(card.splits)}{carved}: pass one of them as "
             "split=, or "
