@@ -57,6 +57,12 @@ def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, spl
     return scores
 
 
+def final_tests(folder: str) -> list[str]:
+    """A row's finished final runs in its folder: their test CSVs (written last), by seed; each run's validation CSV
+    is the same path with ``-validation.csv``."""
+    return sorted(glob.glob(os.path.join(folder, "final-*-test.csv")), key=lambda p: int(p.rsplit("seed", 1)[1].split("-")[0]))
+
+
 def read(folder: str) -> dict:
     """What a cell's folder holds: protocols per split, and per trainer its tuning and final runs (an external row's
     training frames too: ``external_frames``)."""
@@ -66,8 +72,7 @@ def read(folder: str) -> dict:
         found["protocols"].setdefault(scores.split, {})[scores.label] = scores
     externals = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, EXTERNAL + "*")))
     for algo in [*TRAINERS, *externals]:
-        finals = sorted(glob.glob(os.path.join(folder, algo, "final-*-test.csv")),
-                        key=lambda p: int(p.rsplit("seed", 1)[1].split("-")[0]))
+        finals = final_tests(os.path.join(folder, algo))
         tunes = glob.glob(os.path.join(folder, algo, "tune-*-validation.csv"))
         if finals:
             grid: dict[str, list[float]] = {}

@@ -15,12 +15,11 @@ not run again. Nothing here chooses a leaderboard row.
 
 from __future__ import annotations
 
-import glob
 import os
 
 import numpy as np
 from _results import RESULTS, command_line
-from _suite import EXTERNAL, external_frames, folder_name, read, train_and_score
+from _suite import EXTERNAL, external_frames, final_tests, folder_name, read, train_and_score
 
 from baselines.benchmark import Scores, parse_cell
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
@@ -51,9 +50,8 @@ def train(args, cell) -> None:
 
 
 def runs(folder: str, split: str) -> np.ndarray:
-    """A folder's final runs on ``split``, per-problem accuracy (runs x problems), by seed; empty when none."""
-    paths = sorted(glob.glob(os.path.join(folder, f"final-*-seed*-{split}.csv")),
-                   key=lambda p: int(p.rsplit("seed", 1)[1].split("-")[0]))
+    """A folder's finished final runs on ``split``, per-problem accuracy (runs x problems), by seed; empty when none."""
+    paths = [path.replace("-test.csv", f"-{split}.csv") for path in final_tests(folder)]
     return np.stack([Scores.load(p).accuracy for p in paths]) if paths else np.empty((0, 0))
 
 
