@@ -46,7 +46,7 @@ import numpy as np
 from _results import RESULTS, command_line, write_report
 from _suite import choices, folder_name, headline, read
 
-from baselines.benchmark import loaded, parse_cell, shipped_cells
+from baselines.benchmark import Scores, loaded, parse_cell, shipped_cells
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
@@ -72,10 +72,8 @@ def suite_outcomes(cell: str, label: str, seed: int | None = None) -> tuple[list
     folder = os.path.join(SUITE, folder_name(parse_cell(cell)))
     pattern = f"protocols/{label}-test.csv" if seed is None else f"{label}/final-*-seed{seed}-test.csv"
     (path,) = glob.glob(os.path.join(folder, pattern))
-    with open(path, encoding="utf-8") as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    return ([r["problem_id"] for r in rows], np.array([float(r["accuracy"]) for r in rows]),
-            np.array([float(r["tokens"]) for r in rows]))
+    scores = Scores.load(path)
+    return scores.problem_ids, scores.accuracy, scores.tokens
 
 
 def live_env(card, options: dict, num_problems: int, backend) -> DeliberationEnv:
