@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 from _results import RESULTS, command_line
-from _suite import EXTERNAL, external_frames, final_tests, folder_name, read, train_and_score
+from _suite import EXTERNAL, TRAINERS, external_frames, final_tests, folder_name, read, train_and_score
 
 from baselines.benchmark import Scores, parse_cell
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
@@ -32,13 +32,19 @@ def peer_frames(args, cell) -> int:
     """The frames each of the peer's leaderboard runs trained for (they must agree)."""
     folder = os.path.join(args.suite, folder_name(cell), EXTERNAL + args.peer)
     frames = external_frames(folder)
+    if not frames:
+        raise SystemExit(f"no BenchMARL {args.peer} runs in {folder}: run `python bench/benchmark/peers_benchmarl.py "
+                         f"--cell {cell.name} --algorithms {args.peer}` first")
     if len(frames) != 1:
         raise SystemExit(f"{folder}: the peer's runs trained for {frames} frames; one budget expected")
     return frames[0]
 
 
 def train(args, cell) -> None:
-    found = read(os.path.join(args.suite, folder_name(cell)))["trainers"][args.trainer]
+    found = read(os.path.join(args.suite, folder_name(cell)))["trainers"].get(args.trainer)
+    if found is None:
+        raise SystemExit(f"no leaderboard runs of {args.trainer} on {cell.name}: run `python "
+                         f"bench/benchmark/benchmark_suite.py --cells {cell.name} --trainers {args.trainer}` first")
     lr = float(found["chosen"].removeprefix("lr"))
     episodes = peer_frames(args, cell)  # one-round sets: a frame is an episode
     folder = os.path.join(args.out, folder_name(cell), f"{args.trainer}-{episodes}")
@@ -94,7 +100,7 @@ def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cells", nargs="+", default=["qwen05-arith-v2:v2", "qwen05-arith-v2:chosen-v3",
                                                        "qwen05-team-arith:chosen-v3"], help="cells BenchMARL ran on")
-    parser.add_argument("--trainer", default="mappo", help="ours, as the leaderboard runs it")
+    parser.add_argument("--trainer", default="mappo", choices=list(TRAINERS), help="ours, as the leaderboard runs it")
     parser.add_argument("--peer", default="mappo", help="BenchMARL's algorithm whose budget ours gets")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
     parser.add_argument("--suite", default=os.path.join(RESULTS, "benchmark_suite"), help="the leaderboard's folder")
