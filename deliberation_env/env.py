@@ -291,6 +291,7 @@ class DeliberationEnv(ParallelEnv):
         if missing or extra:
             raise KeyError(f"actions must have exactly one entry per live agent {self.agents}; missing {missing}, unknown {extra}")
         core, count = self.deliberation, self.deliberation.num_actions
+        masks = core.action_masks()
         chosen, targets = [], []
         for agent in self.agents:
             value = actions[agent]
@@ -301,7 +302,7 @@ class DeliberationEnv(ParallelEnv):
                                  f"{[f'{i}={action_name(i)}' for i in range(count)]}")
             index = self._index[agent]
             action, target = core.decode_action(index, int(value))
-            if not core.action_mask(index)[int(value)]:
+            if not masks[index, int(value)]:
                 if self.invalid_action == "raise":
                     raise ValueError(
                         f"{action_name(int(value))} is masked for {agent}: no such peer holds a different answer (see "

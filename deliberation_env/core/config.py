@@ -26,6 +26,11 @@ class DeliberationConfig:
     """Agents in the deliberation."""
     max_rounds: int = field(default=3, metadata={"minimum": 1})
     """Deliberation rounds after round 0."""
+    refine_rounds: int | None = field(default=None, metadata={"minimum": 0})
+    """The rounds (from the first) that offer REFINE; each later round offers PERSIST and CONCEDE only and asks for
+    no generation (a CONCEDE keeps the confidence its target holds: the critic's verdict on the very text it adopts).
+    A replay set then plays ``max_rounds`` beyond its recorded rounds, exactly, from the answers it holds. None: every
+    round offers REFINE."""
     concede_target: str = "most_confident"
     """Whom CONCEDE adopts: the most confident disagreeing peer, or the peers' plurality answer."""
     concede_to_peer: bool = False

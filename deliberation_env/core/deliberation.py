@@ -15,7 +15,9 @@ answer, text, profile and correctness that the concede target held at the start 
 REFINE generates a revised solution that sees the peers' answers and short rationales as they
 were at the start of the round; every agent whose answer or text changed is re-introspected.
 All of a round's meta-actions act on that round-start snapshot, so the outcome does not depend
-on the order of the agents (a mutual CONCEDE swaps the two answers).
+on the order of the agents (a mutual CONCEDE swaps the two answers). A round past
+``config.refine_rounds`` offers no REFINE and asks for nothing: a CONCEDE there keeps the
+confidence its target holds, the critic's verdict on the very text it adopts.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
@@ -39,6 +40,7 @@ from deliberation_env.core.consensus import plurality
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
 from deliberation_env.core.roles import role_indices, role_task
 from deliberation_env.core.seeds import request_seed, stream_seed
+from deliberation_env.core.state import AgentState, Phase, RoundOutcome
 from deliberation_env.core.tools import TOOLS, Tool, is_tool_kind
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
 
@@ -54,57 +56,6 @@ within and across episodes and envs (a sim renders a few texts per problem), and
 _PARSED_TASKS: dict[int, Task] = {}
 """The tasks whose ids key ``_PARSED``, kept alive while their entries exist (so that no id is reused)."""
 _PARSED_LIMIT = 32_768
-
-
-@dataclass
-class AgentState:
-    """One agent's local state z_i = (answer, profile, confidence), plus bookkeeping."""
-
-    text: str = ""
-    answer: str | None = None
-    correct: bool = False
-    """Privileged: whether ``answer`` is right. Never part of an observation."""
-    confidence: float = 0.5
-    confidence_source: str = "none"
-    profile: tuple[float, ...] = (0.0,) * len(features.PROFILE_FEATURES)
-    signals: features.CompletionSignals = features.NO_SIGNALS
-    """The raw signals of its latest completion (kept under a feature set that needs log-probabilities, as ``v2``;
-    a CONCEDE takes its target's)."""
-    tool_ran: bool = False
-    """Its role's tool (``core.tools``) read an answer off its latest solution's program output."""
-    tool_agrees: bool = False
-    """That answer equals the one its text states (an external check of the text)."""
-    last_action: Action | None = None
-    refinements: int = 0
-    step_tokens: int = 0
-    total_tokens: int = 0
-
-    def copy(self) -> AgentState:
-        """A shallow copy (the round-start snapshot); several times faster than ``dataclasses.replace``."""
-        clone = object.__new__(AgentState)
-        clone.__dict__.update(self.__dict__)
-        return clone
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """Everything a round produced, per agent where it is a tuple."""
-
-    round: int
-    consensus: str | None
-    consensus_correct: bool
-    leave_one_out: tuple[str | None, ...]
-    components: tuple[dict[str, float], ...]
-    rewards: tuple[float, ...]
-    done: bool
-
-
-class Phase(Enum):
-    IDLE = "idle"
-    GENERATE = "generate"
-    TOOL = "tool"
-    CRITIC = "critic"
-    READY = "ready"
 
 
 class Deliberation:
@@ -127,6 +78,7 @@ class Deliberation:
         self._correct_before: tuple[bool, ...] = ()
         self._grades: dict[str | None, bool] = {}
         self._all_persist = False
+        self._generating = True
         self._starting = False
         self._round_start: list[AgentState] = []
         self._derived: dict[str, object] = {}
@@ -182,7 +134,11 @@ class Deliberation:
                 "interrupted before its completions arrived; call reset() to start a new episode")
         if self.done:
             raise RuntimeError("begin_round() after the episode ended; call reset() to start a new one")
+        if Action.REFINE in actions and not self.refine_open:
+            raise ValueError(f"round {self.round + 1} offers no REFINE (refine_rounds={self.config.refine_rounds}): "
+                             "its agents may PERSIST or CONCEDE (see action_mask)")
         assert self.problem is not None
+        self._generating = self.refine_open  # a round without REFINE asks for nothing, critics included
         self._correct_before = tuple(agent.correct for agent in self.agents)
         snapshot = [agent.copy() for agent in self.agents]
         targets = [self._chosen_target(i, targets[i] if targets is not None else None) for i in range(len(self.agents))]
@@ -285,6 +241,11 @@ class Deliberation:
         return self.phase is Phase.READY
 
     @property
+    def refine_open(self) -> bool:
+        """Whether the next round offers REFINE (``config.refine_rounds``)."""
+        return self.config.refine_rounds is None or self.round < self.config.refine_rounds
+
+    @property
     def seed(self) -> int:
         """The seed the episode's requests are derived from (the stream's seed when ``config.streams`` is set)."""
         return self._seed
@@ -344,6 +305,7 @@ class Deliberation:
         """int8 over the action indices: CONCEDE where a concede target exists; CONCEDE to peer k where peer k
         holds another answer (``concede_to_peer``)."""
         mask = np.ones(self.num_actions, dtype=np.int8)
+        mask[Action.REFINE] = self.refine_open
         mask[Action.CONCEDE] = self.concede_target(agent) is not None
         if self.config.concede_to_peer:
             options = self.concede_options(agent)
@@ -353,13 +315,15 @@ class Deliberation:
     def action_masks(self) -> np.ndarray:
         """Every agent's ``action_mask`` as the rows of one fresh (N, num_actions) int8 array."""
         if not self.config.concede_to_peer:
-            return np.array([[1, 1, self.concede_target(i) is not None] for i in range(len(self.agents))],
+            refine = self.refine_open
+            return np.array([[1, refine, self.concede_target(i) is not None] for i in range(len(self.agents))],
                             dtype=np.int8)
         return np.stack([self.action_mask(i) for i in range(len(self.agents))])
 
     def oracle_action(self, agent: int) -> int:
         """The oracle label (docs/method.md, section 4): PERSIST if right, CONCEDE if its target is, else (with
-        ``concede_to_peer``) CONCEDE to the first right peer it can adopt, else REFINE."""
+        ``concede_to_peer``) CONCEDE to the first right peer it can adopt, else REFINE (PERSIST in a round that
+        offers no REFINE)."""
         if self.agents[agent].correct:
             return Action.PERSIST
         target = self.concede_target(agent)
@@ -370,7 +334,7 @@ class Deliberation:
             for slot, peer in enumerate(self._peers[agent]):
                 if peer in options and self.agents[peer].correct:
                     return FIRST_PEER_ACTION + slot
-        return Action.REFINE
+        return Action.REFINE if self.refine_open else Action.PERSIST
 
     def feature_matrix(self) -> np.ndarray:
         """One row of the config's feature set per agent (float32, shape (N, F)): each declaration of the set's
@@ -508,7 +472,7 @@ class Deliberation:
         agent.tool_ran, agent.tool_agrees = source.tool_ran, source.tool_agrees
         agent.signals = source.signals
         agent.profile = (*source.profile[:-2], agent.refinements / self.config.max_rounds, float(changed))
-        if self.config.reintrospect_concede and self.config.confidence != "answer_logprobs":
+        if self.config.reintrospect_concede and self.config.confidence != "answer_logprobs" and self._generating:
             self._changed.append(index)
         else:
             agent.confidence, agent.confidence_source = source.confidence, source.confidence_source

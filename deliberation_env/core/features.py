@@ -317,8 +317,26 @@ NO_SIGNALS = CompletionSignals()
 """The signals of an agent that has no completion yet (every column at its neutral value)."""
 
 
+_SIGNALS: dict[int, tuple[Completion, str | None, CompletionSignals]] = {}
+"""``completion_signals`` of recent completions, by the completion object's id (kept alive beside its result, so the
+id is not reused): replayed completions are the same objects episode after episode, and reading their token
+log-probabilities is the cost."""
+_SIGNALS_KEPT = 16_384
+
+
 def completion_signals(completion: Completion, answer: str | None) -> CompletionSignals:
     """The raw v2 signals of a solution or refinement whose parsed answer is ``answer``."""
+    kept = _SIGNALS.get(id(completion))
+    if kept is not None and kept[0] is completion and kept[1] == answer:
+        return kept[2]
+    if len(_SIGNALS) >= _SIGNALS_KEPT:
+        _SIGNALS.clear()
+    signals = _completion_signals(completion, answer)
+    _SIGNALS[id(completion)] = (completion, answer, signals)
+    return signals
+
+
+def _completion_signals(completion: Completion, answer: str | None) -> CompletionSignals:
     repeats, right, wrong, code = _text_signals(completion.text, answer)
     text = CompletionSignals(completion_tokens=completion.completion_tokens,
                              stopped=completion.finish_reason != STOP_LENGTH, answer_repeats=repeats,
