@@ -228,3 +228,4 @@ def test_the_gymnasium_vector_form_restarts_episodes_on_the_next_step(two_round_
         edges = tree.expand[nodes]
         assert np.allclose(rewards.reshape(64, 3), tree.rewards[edges, joint])  # the tree's rewards for these actions
         assert terminations.all() == (step % 3 == 1) and not truncations.any()  # 2 rounds, no early stop
+

@@ -24,16 +24,21 @@ joint action does, as arrays:
 | ``components``      | (E, J, N, C) f32 | each reward component (``component_names``)                           |
 
 Node 0..P*S-1 are the roots. A masked action is played as PERSIST (the env's ``invalid_action="persist"``), so
-every joint action has an edge; ``engine.batch.TreeEnv`` refuses masked actions unless asked to play them so.
+every joint action has an edge; ``engine.batch.TreeEnv`` refuses masked actions unless asked to play them so. Joint
+actions that play alike share one child, and ended states equal in every array are one node (``engine.walk``): the
+arrays form a DAG, and a node may have several parents.
 
-Compiling is cached on disk (``cache_dir()``), keyed by the set's name and checksums, the split, the game's
-settings, this module's format and a hash of the source code that decides outcomes and observations (the core,
-the tasks, the env, the replay backend): a change to any of them compiles afresh. Loading from the cache also
-replays a few episodes through the env and compares them (``verify``), so a stale tree is never used.
+Compiling is cached on disk (``cache_dir()``), keyed by the set's name and checksums, the split, the game (the
+reference env's whole ``DeliberationConfig``), this module's format and a hash of the source that decides outcomes
+and observations (``source_files``: the env, the core, tasks, backends, replay and the runner, with what they import):
+a change to any of them compiles afresh. Loading from the cache checks the arrays against the digest saved with them
+and replays episodes drawn afresh through the env, comparing everything stored of them (``verify``), so a stale or
+altered tree is never used.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import itertools
@@ -49,19 +54,26 @@ import numpy as np
 
 from deliberation_env.core import features
 from deliberation_env.core.rewards import REWARD_COMPONENTS
+from deliberation_env.engine.walk import walk
 from deliberation_env.vector import Start, Step, run_episodes
 
 log = logging.getLogger(__name__)
 
-TREE_FORMAT = 1
-"""The layout of the arrays above; bump it when it changes (old caches are then compiled afresh)."""
+TREE_FORMAT = 2
+"""The layout of the arrays above; bump it when it changes (old caches are then compiled afresh). 2: equal moves share
+their child and equal ended states are one node (a DAG); the arrays' digest is saved with them."""
 GAME_ONLY = {"observation": "dict", "action_mask": "observation", "infos": "full", "invalid_action": "persist"}
 """The reference env's format while compiling (the game does not depend on it; ``TreeEnv`` formats its own)."""
 FORMAT_KEYWORDS = ("observation", "action_mask", "action_mask_key", "observation_key", "infos", "invalid_action",
                    "trace", "trace_label", "render_mode")
 """Env keywords that change how a game is shown, not the game: left out of the compiled tree and its key."""
-_SOURCE_DIRS = ("core", "tasks", "replay", "backends")
-_SOURCE_FILES = ("env.py", "formats.py", "options.py", "make.py", "engine/tree.py")
+_SOURCE_ROOTS = ("make.py", "engine/tree.py", "engine/walk.py", "core", "tasks", "replay", "backends")
+"""Where ``source_files`` starts: the reference env's factory, the compiler, and the folders of what the env finds by
+name (tasks and backends from their registries)."""
+
+
+class StaleTree(ValueError):
+    """A compiled tree that no longer matches what the env plays."""
 
 
 @dataclass
@@ -130,12 +142,25 @@ class CompiledTree:
         return np.array(list(itertools.product(range(self.num_actions), repeat=self.num_agents)), dtype=np.int64)
 
     # ------------------------------------------------------------------ saving
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array field, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}
+
+    def digest(self) -> str:
+        """A hash of every array (name, dtype, shape, bytes): written with the tree, checked when it is loaded."""
+        digest = hashlib.sha256()
+        for name, array in sorted(self.arrays().items()):
+            digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
+
     def save(self, path: str | os.PathLike[str]) -> None:
-        """One ``.npz`` (arrays) with the scalars as JSON; written to a temporary name, then renamed."""
-        arrays = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}
+        """One ``.npz`` (arrays) with the scalars and the arrays' ``digest`` as JSON; written to a temporary name,
+        then renamed."""
+        arrays = self.arrays()
         meta = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in arrays}
         buffer = io.BytesIO()
-        np.savez(buffer, meta=np.array(json.dumps({"format": TREE_FORMAT, **meta})), **arrays)
+        np.savez(buffer, meta=np.array(json.dumps({"format": TREE_FORMAT, "digest": self.digest(), **meta})), **arrays)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + f".{os.getpid()}.tmp")
@@ -144,11 +169,16 @@ class CompiledTree:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CompiledTree:
+        """A saved tree; ``StaleTree`` if its arrays are not the ones it was saved with (a changed file)."""
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             if meta.pop("format", None) != TREE_FORMAT:
                 raise ValueError(f"{path} holds a compiled tree of another format; compile it again")
-            return cls(**meta, **{name: data[name] for name in data.files if name != "meta"})
+            written = meta.pop("digest", None)
+            tree = cls(**meta, **{name: data[name] for name in data.files if name != "meta"})
+        if tree.digest() != written:
+            raise StaleTree(f"{path}'s arrays are not the ones it was compiled with (the file was changed)")
+        return tree
 
 
 def cache_dir() -> Path:
@@ -167,13 +197,41 @@ def code_fingerprint() -> str:
 
 def _source_fingerprint() -> str:
     package = Path(__file__).resolve().parent.parent
-    paths = [p for d in _SOURCE_DIRS for p in sorted((package / d).glob("*.py"))]
-    paths += [package / name for name in _SOURCE_FILES]
     digest = hashlib.sha256()
-    for path in paths:
+    for path in source_files():
         digest.update(path.relative_to(package).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def source_files() -> list[Path]:
+    """Every module of the package that the compiler and its reference env import (``_SOURCE_ROOTS`` and, read off
+    their source, what they import, transitively): the code that decides a compiled game's outcomes and observations."""
+    package = Path(__file__).resolve().parent.parent
+    seen: set[Path] = set()
+    todo = [path for root in _SOURCE_ROOTS for path in
+            (sorted((package / root).glob("*.py")) if (package / root).is_dir() else [package / root])]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)] \
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for name in names:
+                if name.split(".")[0] == package.name:
+                    todo.extend(_module_paths(package, name.split(".")[1:]))
+    return sorted(seen)
+
+
+def _module_paths(package: Path, parts: list[str]) -> list[Path]:
+    """The files of module ``package.<parts>``: a module file, or a package's ``__init__.py``."""
+    base = package.joinpath(*parts)
+    if base.with_suffix(".py").is_file():
+        return [base.with_suffix(".py")]
+    return [base / "__init__.py"] if (base / "__init__.py").is_file() else []
 
 
 _FINGERPRINT = _source_fingerprint()
@@ -184,12 +242,14 @@ def game_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in options.items() if name not in FORMAT_KEYWORDS}
 
 
-def tree_key(dataset: Any, split: str, options: Mapping[str, Any]) -> str:
-    """The cache key of a set's game on a split (module docstring)."""
+def tree_key(dataset: Any, split: str, config: Any, problems: Sequence[int] | None = None) -> str:
+    """The cache key of a set's game on a split (module docstring): the game is the reference env's whole
+    ``DeliberationConfig`` (so ``{}``, ``features="v1"`` and ``concede_to_peer=False`` key one game), ``problems`` the
+    compiled subset (None: the split's every problem)."""
     card = dataset.card
     files = {name: entry.get("sha256") for name, entry in sorted(card.files.items())}
     payload = json.dumps({"tree": TREE_FORMAT, "set": card.name, "files": files, "split": split,
-                          "options": game_options(options), "code": code_fingerprint()},
+                          "game": _plain(asdict(config)), "problems": problems, "code": code_fingerprint()},
                          sort_keys=True, default=repr)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
@@ -202,25 +262,26 @@ def reference_env(dataset: Any, split: str, options: Mapping[str, Any]) -> Any:
 
 
 def compile_tree(dataset: Any, split: str, *, problems: Sequence[int] | None = None, cache: bool = True,
-                 verify_episodes: int = 8, **options: Any) -> CompiledTree:
+                 verify_episodes: int = 16, **options: Any) -> CompiledTree:
     """The game of replay set ``dataset`` (a name, folder or ``ReplaySet``) on ``split`` with env ``options``
-    (``features``, ``concede_to_peer``, ``confidence``, ``max_rounds``, ``reward_weights``, ...), from the cache
-    when it holds it (checked by replaying ``verify_episodes`` episodes; a stale one is compiled again), else
-    compiled and cached. ``problems``: indices into the split's problems to compile only those (for checks: the
-    tree's episodes then draw among them, not among the split's)."""
+    (``features``, ``concede_to_peer``, ``confidence``, ``max_rounds``, ``refine_rounds``, ``reward_weights``, ...),
+    from the cache when it holds it (checked: its arrays against the digest written with them, and
+    ``verify_episodes`` episodes drawn afresh replayed through the env; a stale one is compiled again), else compiled
+    and cached. ``problems``: indices into the split's problems to compile only those (for checks: the tree's
+    episodes then draw among them, not among the split's)."""
     from deliberation_env.replay.dataset import ReplaySet
 
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
     subset = None if problems is None else sorted({int(p) for p in problems})
-    key = tree_key(replay, split, {**options, "problems": subset})
-    path = cache_dir() / f"{replay.card.name}-{split}-{key}.npz"
     env = reference_env(replay, split, options)
+    key = tree_key(replay, split, env.config, subset)
+    path = cache_dir() / f"{replay.card.name}-{split}-{key}.npz"
     if cache and path.exists():
         try:
             tree = CompiledTree.load(path)
             if tree.key != key:
                 raise StaleTree(f"{path} was compiled under another key")
-            verify(tree, env, verify_episodes)
+            verify(tree, env, verify_episodes, seed=None)
             return tree
         except (OSError, ValueError, KeyError, StaleTree) as error:
             log.warning("compiling %s/%s again: %s", replay.card.name, split, error)
@@ -233,13 +294,10 @@ def compile_tree(dataset: Any, split: str, *, problems: Sequence[int] | None = N
     return tree
 
 
-class StaleTree(ValueError):
-    """A compiled tree that no longer matches what the env plays."""
-
-
-def verify(tree: CompiledTree, env: Any, episodes: int, seed: int = 0) -> None:
-    """Replay ``episodes`` random joint-action sequences on ``env`` (the tree's reference env) and compare every
-    observation, mask, reward and token count with the tree; ``StaleTree`` names the first difference."""
+def verify(tree: CompiledTree, env: Any, episodes: int, seed: int | None = 0) -> None:
+    """Replay ``episodes`` random joint-action sequences on ``env`` (the tree's reference env) and compare everything
+    the tree stores of them (observations, masks, labels, the consensus, tokens, rewards and their components,
+    termination); ``StaleTree`` names the first difference. ``seed``: of the draws (None: fresh ones each call)."""
     rng = np.random.default_rng(seed)
     joints = tree.joint_actions()
     by_id = {problem.id: problem for problem in env.problems}
@@ -249,17 +307,20 @@ def verify(tree: CompiledTree, env: Any, episodes: int, seed: int = 0) -> None:
                         "longer has")
     picks = [(int(rng.integers(len(tree.problem_ids))), int(rng.integers(tree.streams))) for _ in range(episodes)]
     nodes = [int(tree.roots[p, s]) for p, s in picks]
+    agents = env.possible_agents
 
     def act(steps: list[Step]) -> list[dict[str, int]]:
-        return [dict(zip(env.possible_agents, joints[int(rng.integers(tree.num_joint))].tolist())) for _ in steps]
+        return [dict(zip(agents, joints[int(rng.integers(tree.num_joint))].tolist())) for _ in steps]
 
     def on_step(step: Step) -> None:
         where = "reset"
         if step.actions is not None:
-            j = int(tree.joint_index(np.array([step.actions[a] for a in env.possible_agents])))
+            j = int(tree.joint_index(np.array([step.actions[a] for a in agents])))
             edge, where = int(tree.expand[nodes[step.episode]]), f"joint action {j}"
             nodes[step.episode] = int(tree.child[edge, j])
-            if not np.allclose([step.rewards[a] for a in env.possible_agents], tree.rewards[edge, j], atol=1e-6):
+            components = [[step.infos[a][f"reward_{c}"] for c in tree.component_names] for a in agents]
+            if not (np.allclose([step.rewards[a] for a in agents], tree.rewards[edge, j], atol=1e-6)
+                    and np.allclose(components, tree.components[edge, j], atol=1e-6)):
                 raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: the rewards of {where} differ")
             if step.done != bool(tree.done[edge, j]):
                 raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: termination differs")
@@ -271,115 +332,42 @@ def verify(tree: CompiledTree, env: Any, episodes: int, seed: int = 0) -> None:
 def _compare(tree: CompiledTree, node: int, observations: Mapping[str, Any], infos: Mapping[str, Any],
              where: str) -> None:
     for i, agent in enumerate(observations):
-        obs = observations[agent]
+        obs, info = observations[agent], infos[agent]
         same = (np.array_equal(obs["self"], tree.rows[node, i]) and np.array_equal(obs["action_mask"], tree.mask[node, i])
                 and np.array_equal(obs["agreement"], tree.agreement[node, i])
-                and infos[agent]["tokens"] == tree.tokens[node, i])
+                and info["tokens"] == tree.tokens[node, i] and info["oracle_action"] == tree.oracle[node, i]
+                and info["correct"] == tree.correct[node, i]
+                and info["consensus_correct"] == tree.consensus_correct[node])
         if not same:
-            raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: agent {i}'s observation after {where} "
-                            "differs from the env's; it is compiled again on the next compile_tree()")
+            raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: agent {i}'s observation or labels after "
+                            f"{where} differ from the env's; it is compiled again on the next compile_tree()")
 
 
 def _compile(env: Any, problems: list[Any], name: str, split: str, key: str) -> CompiledTree:
-    """Play every joint action sequence of every problem (of ``env``'s) and stream on ``env`` (the module
-    docstring), level by level: the states after d rounds are expanded by the episodes that replay their history
-    and then play each joint action (and PERSIST after it, to the episode's end, where more rounds remain)."""
-    config, agents = env.config, env.possible_agents
-    n, a, streams = config.num_agents, env.action_space(agents[0]).n, config.streams or 1
-    joints = [tuple(j) for j in itertools.product(range(a), repeat=n)]
-    components = list(REWARD_COMPONENTS)
-    nodes: list[dict[str, Any]] = []
-    edges: list[dict[str, Any]] = []
-    expand: list[int] = []
-    roots = np.full((len(problems), streams), -1, np.int32)
+    """Every reachable state of ``problems`` on ``env`` (``engine.walk``), as arrays."""
+    found, roots = walk(env, problems, env.config.streams or 1)
+    config, nodes = env.config, found.nodes
+    n, joints = config.num_agents, len(found.joints)
 
-    def add_node(step: Step, problem: int, stream: int, depth: int) -> int:
-        observations, infos = step.observations, step.infos
-        nodes.append({"rows": [observations[x]["self"] for x in agents],
-                      "agreement": [observations[x]["agreement"] for x in agents],
-                      "mask": [observations[x]["action_mask"] for x in agents],
-                      "oracle": [infos[x]["oracle_action"] for x in agents],
-                      "correct": [infos[x]["correct"] for x in agents],
-                      "consensus_correct": infos[agents[0]]["consensus_correct"],
-                      "tokens": [infos[x]["tokens"] for x in agents],
-                      "problem": problem, "stream": stream, "depth": depth})
-        expand.append(-1)
-        return len(nodes) - 1
+    def stack(name: str, dtype: Any) -> np.ndarray:
+        return np.asarray([node[name] for node in nodes], dtype=dtype)
 
-    def open_edges(node: int) -> None:
-        expand[node] = len(edges)
-        edges.append({"child": [0] * len(joints), "done": [False] * len(joints),
-                      "rewards": [[0.0] * n for _ in joints], "components": [[[0.0] * len(components)] * n for _ in joints]})
+    def edges(arrays: list[np.ndarray], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        return np.asarray(arrays, dtype=dtype).reshape(len(arrays), *shape)
 
-    def play(level: list[tuple[int, int, int, tuple[int, ...]]]) -> list[tuple[int, int, int, tuple[int, ...]]]:
-        """Play each (problem, stream, parent node or -1 for a root not yet seen, joint-action history); record the
-        node each history's last joint action reaches; return the plays of the next level."""
-        found: list[tuple[int, int, int, tuple[int, ...]]] = []
-        played = [0] * len(level)
-
-        def act(steps: list[Step]) -> list[dict[str, int]]:
-            moves = []
-            for step in steps:
-                history, depth = level[step.episode][3], played[step.episode]
-                moves.append(dict(zip(agents, joints[history[depth]] if depth < len(history) else joints[0])))
-            return moves
-
-        def on_step(step: Step) -> None:
-            p, s, parent, history = level[step.episode]
-            if step.actions is None:
-                if parent < 0 and roots[p, s] < 0:  # the first play of a root's children records the root
-                    roots[p, s] = add_node(step, p, s, 0)
-                    open_edges(int(roots[p, s]))
-                return
-            played[step.episode] += 1
-            if played[step.episode] != len(history):
-                return  # the replayed prefix, or the PERSIST steps after the joint action that was expanded
-            parent = int(roots[p, s]) if parent < 0 else parent
-            edge, j = edges[expand[parent]], history[-1]
-            child = add_node(step, p, s, len(history))
-            edge["child"][j], edge["done"][j] = child, step.done
-            edge["rewards"][j] = [float(step.rewards[x]) for x in agents]
-            edge["components"][j] = [[step.infos[x][f"reward_{c}"] for c in components] for x in agents]
-            if not step.done:
-                open_edges(child)
-                found.extend((p, s, child, history + (k,)) for k in range(len(joints)))
-
-        # the episode seed s plays stream s (``DeliberationConfig.streams``: seed % streams)
-        run_episodes([env], [Start(seed=s, problem=problems[p]) for p, s, _, _ in level], act, on_step)
-        return found
-
-    level: list[tuple[int, int, int, tuple[int, ...]]] = [(p, s, -1, (j,)) for p in range(len(problems)) for s in range(streams) for j in range(len(joints))]
-    while level:
-        level = play(level)
-
-    return _packed(nodes, edges, roots, expand, name=name, split=split, problem_ids=[p.id for p in problems],
-                   config=config, key=key, num_actions=int(a), components=components)
-
-
-def _packed(nodes: list[dict[str, Any]], edges: list[dict[str, Any]], roots: np.ndarray, expand: list[int], *,
-            name: str, split: str, problem_ids: list[str], config: Any, key: str, num_actions: int,
-            components: list[str]) -> CompiledTree:
-    """The compiled game as arrays: the nodes' and the edges' fields stacked (one edge row per expanded node, one
-    column per joint action)."""
-    n, joints = config.num_agents, num_actions ** config.num_agents
-
-    def stack(field: str, dtype: Any) -> np.ndarray:
-        return np.asarray([node[field] for node in nodes], dtype=dtype)
-
-    def edge_stack(field: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-        return np.asarray([edge[field] for edge in edges], dtype=dtype).reshape(len(edges), *shape)
-
+    log.info("compiled %s/%s: %d nodes from %d episodes", name, split, len(nodes), found.played)
     return CompiledTree(
-        name=name, split=split, problem_ids=problem_ids, num_agents=n, num_actions=num_actions,
-        max_rounds=config.max_rounds, feature_names=list(features.feature_names(config.features)),
-        component_names=components, settings=_plain(asdict(config)), key=key,
+        name=name, split=split, problem_ids=[p.id for p in problems], num_agents=n,
+        num_actions=found.actions, max_rounds=config.max_rounds,
+        feature_names=list(features.feature_names(config.features)), component_names=list(REWARD_COMPONENTS),
+        settings=_plain(asdict(config)), key=key,
         rows=stack("rows", np.float32), agreement=stack("agreement", np.float32).reshape(len(nodes), n, n - 1),
         mask=stack("mask", np.int8), oracle=stack("oracle", np.int8), correct=stack("correct", bool),
         consensus_correct=stack("consensus_correct", bool), tokens=stack("tokens", np.int32),
         problem=stack("problem", np.int32), stream=stack("stream", np.int32), depth=stack("depth", np.int8),
-        roots=roots, expand=np.asarray(expand, np.int32), child=edge_stack("child", np.int32, (joints,)),
-        done=edge_stack("done", bool, (joints,)), rewards=edge_stack("rewards", np.float32, (joints, n)),
-        components=edge_stack("components", np.float32, (joints, n, len(components))),
+        roots=roots, expand=np.asarray(found.expand, np.int32), child=edges(found.child, np.int32, (joints,)),
+        done=edges(found.done, bool, (joints,)), rewards=edges(found.rewards, np.float32, (joints, n)),
+        components=edges(found.components, np.float32, (joints, n, len(REWARD_COMPONENTS))),
     )
 
 
