@@ -42,18 +42,26 @@ import numpy as np
 
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
+from deliberation_env.core.actions import num_actions
 from deliberation_env.engine import compile_tree, expected_scores, greedy_probabilities
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplaySet, load_card, shipped
+from deliberation_env.replay.dataset import split_problem_ids
 
+SEQUENTIAL = {"max_rounds": 2, "refine_rounds": 1}
+"""A second round past a one-round recording: PERSIST and CONCEDE only, exact from the answers the set holds."""
 GAMES: dict[str, dict[str, Any]] = {
     "v1": {"features": "v1"},
     "v2": {"features": "v2"},
     "chosen-v3": {"features": "v3", "concede_to_peer": True},
+    "v2-r2": {"features": "v2", **SEQUENTIAL},
+    "chosen-v3-r2": {"features": "v3", "concede_to_peer": True, **SEQUENTIAL},
 }
 """The games a set is played as: the 3-action game seen through the v1 or v2 observation, and CONCEDE naming its peer
-(5 actions per agent) seen through the v3 observation (roles and tools)."""
+(5 actions per agent) seen through the v3 observation (roles and tools); each ``-r2`` game adds a second round that
+offers PERSIST and CONCEDE only (``refine_rounds=1``): a sequential game, whose REFINE pays off only through what
+round 2 does with the refined answers."""
 PROTOCOL_ROWS = ("single", "self_consistency", "debate", "threshold", "random")
 """The fixed protocols the best one is chosen from (on validation); ``oracle`` is reported, never chosen."""
 SCORE_SPLITS = ("validation", "test")
@@ -115,6 +123,21 @@ def shipped_cells() -> list[Cell]:
     """Every shipped set x every game it was recorded for."""
     return [Cell(name, game) for name in shipped() for game, options in GAMES.items()
             if not options.get("concede_to_peer") or load_card(name).concede_targets == "all"]
+
+
+def describe(cell: str | Cell) -> str:
+    """One line on a cell: agents, actions, decisions (which of them go past the recording), problems per split."""
+    cell = parse_cell(cell)
+    card, options = load_card(cell.dataset), cell.options
+    agents = card.settings["num_agents"]
+    actions = num_actions(agents, bool(options.get("concede_to_peer")))
+    rounds = options.get("max_rounds", card.rounds)
+    first = options.get("refine_rounds", rounds) + 1
+    later = f"round {first}" if first == rounds else f"rounds {first}-{rounds}"
+    beyond = f" ({later}: PERSIST and CONCEDE only, past the {card.rounds} recorded)" if rounds > card.rounds else ""
+    sizes = " / ".join(f"{len(split_problem_ids(card, split) or [])} {split}" for split in ("fit", "validation", "test"))
+    return (f"{cell.name}: {agents} agents x {actions} actions ({actions ** agents} joint), {rounds} decision{'s' if rounds > 1 else ''}"
+            f"{beyond}, observation {options['features']}; {sizes} problems")
 
 
 # ----------------------------------------------------------------------------- per-problem scores
@@ -371,9 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cells":
         for cell in shipped_cells():
-            card = load_card(cell.dataset)
-            print(f"{cell.name}: {card.settings['num_agents']} agents, {card.rounds} round(s), "
-                  f"{len(card.splits.get('train', []))} train / {len(card.splits.get('test', []))} test problems")
+            print(describe(cell))
         return 0
     try:
         report = score(list(args.policies), args.cell, greedy=not args.stochastic, label=args.label)

@@ -15,20 +15,28 @@ from baselines.meta.policy import Policy, agent_layout, save_checkpoint
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplayError, load_card
-from deliberation_env.replay.dataset import in_validation, split_problem_ids
+from deliberation_env.replay.dataset import problem_strata, split_problem_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "qwen05-arith-v2:v2"
 
 
-def test_validation_and_fit_split_the_train_problems_by_a_fixed_hash():
+def test_validation_is_a_third_of_the_train_problems_stratified_by_level_like_test():
     card = load_card("qwen05-arith-v2")
     validation, fit = split_problem_ids(card, "validation"), split_problem_ids(card, "fit")
     assert sorted(validation + fit) == sorted(card.splits["train"]) and not set(validation) & set(fit)
-    assert 0.2 < len(validation) / len(card.splits["train"]) < 0.3
-    assert all(in_validation(pid) for pid in validation) and not any(in_validation(pid) for pid in fit)
+    assert abs(len(validation) / len(card.splits["train"]) - 1 / 3) < 0.01
     assert [p.id for p in replay_env("qwen05-arith-v2", "validation").problems] == validation
     assert not set(validation) & set(card.splits["test"])
+    test_levels = [p.metadata["level"] for p in replay_env("qwen05-arith-v2", "test").problems]
+    levels = problem_strata(card)
+    for level in (0, 1):  # the same mix of levels as test, within a point
+        share = np.mean([levels[pid] == level for pid in validation])
+        assert abs(share - np.mean([found == level for found in test_levels])) < 0.01
+        within = [pid for pid in card.splits["train"] if levels[pid] == level]
+        assert sum(levels[pid] == level for pid in validation) == round(len(within) / 3)
+    # the same ids carve the same way in every set that recorded them
+    assert split_problem_ids(load_card("qwen05-team-arith"), "validation") == validation
     with pytest.raises(ReplayError, match="carved from them"):
         replay_env("qwen05-arith-v2", "dev")
 

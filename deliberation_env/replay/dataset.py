@@ -18,6 +18,7 @@ request gets back the fields it asked for (``completion_for``), so one recording
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import pyarrow.parquet as pq
 
 from deliberation_env.backends.base import Completion, Request
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
@@ -51,10 +54,10 @@ LOOKUP_MEMO = 1 << 16
 """Completions ``ReplaySet.lookup`` remembers at most (then it starts over)."""
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 DERIVED_SPLITS = {"validation": "train", "fit": "train"}
-"""Splits carved from a recorded one (docs/benchmark.md): ``validation`` holds the recorded ``train`` problems whose
-``in_validation`` is true (about one in ``VALIDATION_SHARE``), ``fit`` the others. Fixed by the problem ids alone, so
-every set, run and machine carves them alike; a set that records a split of one of these names plays its own."""
-VALIDATION_SHARE = 4
+"""Splits carved from a recorded one (docs/benchmark.md): ``validation`` holds a third of the recorded ``train``
+problems, stratified by level (``validation_ids``), ``fit`` the others. Fixed by the set's problem ids and levels, so
+every run and machine carves them alike; a set that records a split of one of these names plays its own."""
+VALIDATION_FRACTION = 1 / 3
 
 
 class ReplayError(ValueError):
@@ -185,8 +188,12 @@ class ReplayCard:
     """Each recorded chunk's problems and how many records of each it holds (``records_per_problem``): the whole
     tree the recorder walked. Binding checks the records against it; empty in sets recorded before it."""
 
+    folder: Path | None = field(default=None, compare=False, repr=False, metadata={"stored": False})
+    """The set's folder, where the card was read from (not stored in ``card.json``)."""
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
+        stored = {name: value for name, value in asdict(self).items() if name != "folder"}
+        return json.dumps(stored, indent=1, sort_keys=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str, formats: tuple[str, ...] = (FORMAT,)) -> ReplayCard:
@@ -205,7 +212,8 @@ class ReplayCard:
         missing = [name for name in ("name", "model", "task", "settings", "rounds", "streams") if name not in data]
         if missing:
             raise ReplayError(f"{where} lacks {missing}; {DAMAGE_FIX}")
-        card = cls(**{key: value for key, value in data.items() if key in known})
+        card = cls(**{key: value for key, value in data.items() if key in known - {"folder"}},
+                   folder=Path(where).parent)
         if card.request_format not in REQUEST_FORMATS:
             raise ReplayError(f"{where} was recorded with request format {card.request_format!r}; this version of "
                               f"deliberation_env reads formats {REQUEST_FORMATS}: record the set again")
@@ -369,8 +377,12 @@ class ReplaySet:
             if getattr(config, name) != recorded:
                 raise ReplayError(f"{where} was recorded with {name}={recorded!r}, the env has "
                                   f"{name}={getattr(config, name)!r}; pass {name}={recorded!r} (replay_env() does)")
-        if config.max_rounds > card.rounds:
-            raise ReplayError(f"{where} holds {card.rounds} round(s); the env asks for max_rounds={config.max_rounds}")
+        generated = config.max_rounds if config.refine_rounds is None else min(config.max_rounds, config.refine_rounds)
+        if generated > card.rounds:
+            raise ReplayError(f"{where} holds {card.rounds} round(s); the env asks for max_rounds={config.max_rounds} "
+                              f"with REFINE in {generated} of them: pass refine_rounds={card.rounds} to play the later "
+                              "rounds with PERSIST and CONCEDE only (exact, from the answers the set holds), or record "
+                              "more rounds")
         if config.confidence not in card.confidence_sources:
             raise ReplayError(f"{where} records confidence sources {card.confidence_sources}, not "
                               f"{config.confidence!r}")
@@ -438,9 +450,35 @@ def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
             f"`python -m deliberation_env.record --task {task} ...`")
 
 
-def in_validation(problem_id: str) -> bool:
-    """Whether a recorded ``train`` problem belongs to the derived ``validation`` split (a hash of its id)."""
-    return int(hashlib.sha256(problem_id.encode("utf-8")).hexdigest(), 16) % VALIDATION_SHARE == 0
+def validation_ids(card: ReplayCard) -> frozenset[str]:
+    """The recorded ``train`` problems of the derived ``validation`` split: within each stratum (a problem's level in
+    the set's problems table, else its subject; one stratum where the set has no table), the problems ordered by the
+    sha256 of their id, the first ``VALIDATION_FRACTION`` of them (rounded), so validation has test's mix of levels."""
+    strata = problem_strata(card)
+    groups: dict[object, list[str]] = {}
+    for problem_id in card.splits.get("train", []):
+        groups.setdefault(strata.get(problem_id), []).append(problem_id)
+    chosen: set[str] = set()
+    for ids in groups.values():
+        ordered = sorted(ids, key=lambda pid: hashlib.sha256(pid.encode("utf-8")).hexdigest())
+        chosen.update(ordered[:round(len(ordered) * VALIDATION_FRACTION)])
+    return frozenset(chosen)
+
+
+def problem_strata(card: ReplayCard) -> dict[str, object]:
+    """Each recorded ``train`` problem's stratum: its level in ``problems/train.parquet``, else its subject; {} where
+    the set has no problems table (format 1 sets before migration, a card read without its folder)."""
+    entry = card.files.get("problems/train.parquet")
+    if card.folder is None or entry is None:
+        return {}
+    return dict(_strata(card.folder / "problems" / "train.parquet", str(entry.get("sha256"))))
+
+
+@functools.lru_cache(maxsize=16)
+def _strata(path: Path, sha256: str) -> tuple[tuple[str, object], ...]:
+    """(id, stratum) of a problems table (cached by its path and checksum)."""
+    table = pq.read_table(path, columns=["id", "level", "subject"]).to_pylist()
+    return tuple((row["id"], row["level"] if row["level"] is not None else row["subject"]) for row in table)
 
 
 def split_problem_ids(card: ReplayCard, split: str) -> list[str] | None:
@@ -451,7 +489,8 @@ def split_problem_ids(card: ReplayCard, split: str) -> list[str] | None:
     parent = DERIVED_SPLITS.get(split)
     if parent is None or parent not in card.splits:
         return None
-    return [pid for pid in card.splits[parent] if in_validation(pid) == (split == "validation")]
+    chosen = validation_ids(card)
+    return [pid for pid in card.splits[parent] if (pid in chosen) == (split == "validation")]
 
 
 def task_split(card: ReplayCard, split: str) -> str:
