@@ -11,7 +11,9 @@ process share. ``TraceWrapper`` reads the env through its public state: ``delibe
 requests and their token counts are in ``deliberation.round_requests``), ``last_actions`` and ``last_outcome``.
 Each episode is written and flushed when it ends, so a killed run keeps every finished episode; an
 episode cut short (a reset before its end) is not written.
-The fields are documented in ``docs/calibration.md``.
+The fields are documented in ``docs/calibration.md``. A policy that returns its actions as ``PolicyActions``
+(a dict with the probability of every action index per agent) has those probabilities recorded with each agent's
+action (``AgentRound.probabilities``); traces written before, and actions given as a plain dict, have none.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,15 @@ from deliberation_env.core.tools import request_kinds
 
 TRACE_VERSION = 1
 ACTIONS: tuple[str, ...] = tuple(action.name for action in Action)
+
+
+class PolicyActions(dict):
+    """One step's actions (agent -> action index) with the acting policy's probability of every action index, per
+    agent: what a policy returns from ``act`` to have its probabilities traced. The env reads it as the dict it is."""
+
+    def __init__(self, actions: Mapping[str, int], probabilities: Mapping[str, Sequence[float]]):
+        super().__init__(actions)
+        self.probabilities = {agent: tuple(float(p) for p in row) for agent, row in probabilities.items()}
 
 
 class TraceError(ValueError):
@@ -60,6 +71,8 @@ class AgentRound:
     correct: bool
     confidence: float
     confidence_source: str
+    probabilities: tuple[float, ...] | None = None
+    """The acting policy's probability of each action index when it chose ``action`` (None: not exposed)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,8 @@ class TraceWrapper(BaseParallelWrapper):
         self.options["reward_weights"] = dict(self.options["reward_weights"])
         self.rounds: list[Round] = []
         """The rounds of the episode in progress."""
+        self.probabilities: Mapping[str, tuple[float, ...]] = {}
+        """The acting policy's probabilities for the step in progress (``PolicyActions``), by agent."""
 
     phased = True
     """Runners may drive it in phases (``deliberation_env.vector``): its ``end_reset``/``end_step`` record."""
@@ -187,9 +202,13 @@ class TraceWrapper(BaseParallelWrapper):
         return self.end_reset()
 
     def step(self, actions: Mapping[str, Any]):
-        self.env.begin_step(actions)
+        self.begin_step(actions)
         answer_pending([self.env])
         return self.end_step()
+
+    def begin_step(self, actions: Mapping[str, Any]) -> None:
+        self.probabilities = checked_probabilities(actions, self.env.deliberation.num_actions)
+        self.env.begin_step(actions)
 
     def end_reset(self):
         result = self.env.end_reset()
@@ -216,9 +235,13 @@ class TraceWrapper(BaseParallelWrapper):
         for agent, kind, prompt_tokens, completion_tokens in core.round_requests:
             requests[agent].append(RequestRecord(kind, prompt_tokens, completion_tokens))
         actions = self.env.last_actions if outcome is not None else [None] * len(core.agents)
+        names = self.env.possible_agents
+        probabilities = self.probabilities if outcome is not None else {}
+        self.probabilities = {}
         agents = tuple(
             AgentRound(None if action is None else action.name, tuple(requests[i]), state.text, state.answer,
-                       bool(state.correct), float(state.confidence), state.confidence_source)
+                       bool(state.correct), float(state.confidence), state.confidence_source,
+                       probabilities.get(names[i]))
             for i, (state, action) in enumerate(zip(core.agents, actions))
         )
         consensus = core.consensus()
@@ -237,6 +260,20 @@ class TraceWrapper(BaseParallelWrapper):
                 backends=self.backend_ids, options=self.options, rounds=tuple(self.rounds),
             ))
             self.rounds = []
+
+
+def checked_probabilities(actions: Mapping[str, Any], width: int) -> dict[str, tuple[float, ...]]:
+    """The probabilities a ``PolicyActions`` carries (empty for a plain dict), checked: one per action index,
+    each in [0, 1], summing to 1."""
+    given = getattr(actions, "probabilities", None)
+    if given is None:
+        return {}
+    for agent, row in given.items():
+        if len(row) != width or not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in row) or \
+                abs(sum(row) - 1.0) > 1e-4:
+            raise ValueError(f"the probabilities of {agent}'s action must be {width} numbers in [0, 1] (one per action "
+                             f"index) summing to 1, got {list(row)}")
+    return dict(given)
 
 
 def _identity(backend: Any) -> str:
@@ -361,8 +398,13 @@ def _agent(record: Any, where: str, round_index: int) -> AgentRound:
     confidence = _get(record, "confidence", (float,), where)
     if not 0.0 <= confidence <= 1.0:
         raise _Malformed(f"{where}.confidence must be in [0, 1], got {confidence}")
+    probabilities = _get(record, "probabilities", (list,), where, optional=True) if "probabilities" in record else None
+    if probabilities is not None and (action is None or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and 0.0 <= p <= 1.0 for p in probabilities)):
+        raise _Malformed(f"{where}.probabilities must be null, or numbers in [0, 1] with an action")
     return AgentRound(
         action=action, requests=tuple(requests), text=_get(record, "text", (str,), where),
         answer=_get(record, "answer", (str,), where, optional=True), correct=_get(record, "correct", (bool,), where),
         confidence=confidence, confidence_source=_get(record, "confidence_source", (str,), where),
+        probabilities=None if probabilities is None else tuple(float(p) for p in probabilities),
     )
