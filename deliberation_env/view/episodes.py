@@ -8,7 +8,7 @@ side by side, and marks each policy's first-round joint action on a replay set's
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,30 @@ class Policy:
             if joint is not None and joint not in found:
                 found.append(joint)
         return found
+
+
+    def plays(self, key: ProblemKey, references: Mapping[str, Sequence[tuple[int, ...]]]) -> list[str]:
+        """How its first-round joint actions on a problem compare with those of ``references`` (a protocol's tag:
+        its joint actions there): ``=TAG`` where it played one of them, ``!TAG`` where it played another, and
+        ``!all`` where it played one that no reference played; empty where it did not play the problem."""
+        joints = self.joints(key)
+        if not joints:
+            return []
+        found = []
+        for tag, theirs in references.items():
+            found += [f"={tag}"] if any(joint in theirs for joint in joints) else []
+            found += [f"!{tag}"] if any(joint not in theirs for joint in joints) else []
+        if any(all(joint not in theirs for theirs in references.values()) for joint in joints):
+            found.append("!all")
+        return found
+
+
+def plays_options(tags: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The options of a "plays" filter over ``Policy.plays``'s values (``tags``: a reference's tag and name)."""
+    options = []
+    for tag, name in tags.items():
+        options += [(f"={tag}", f"as {tag} ({name})"), (f"!{tag}", f"unlike {tag} ({name})")]
+    return [*options, ("!all", "unlike every one of them")]
 
 
 def first_joint(episode: Episode) -> tuple[int, ...] | None:

@@ -5,23 +5,31 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
+from deliberation_env.core.tools import is_tool_kind
 from deliberation_env.replay.dataset import ReplayCard
-from deliberation_env.view.episodes import Policy
+from deliberation_env.view.episodes import Policy, plays_options
 from deliberation_env.view.markup import (
+    Value,
     answer_chip,
     definitions,
     esc,
     fraction_chip,
+    listing,
     mark,
+    nav_bar,
+    ordering,
     page,
     percent,
+    question_panel,
+    search_box,
     select,
     table,
     text_block,
 )
 from deliberation_env.view.trace_pages import episodes_side_by_side
-from deliberation_env.view.tree import PROTOCOLS, AgentView, ProblemTree
+from deliberation_env.view.tree import PROTOCOLS, AgentView, Call, ProblemTree
 
 PROTOCOL_TAGS = {"self_consistency": "SC", "debate": "DB", "threshold": "TH", "oracle": "OR"}
 """How the grid marks each protocol's joint action."""
@@ -78,73 +86,116 @@ def headline(trees: Sequence[ProblemTree], splits: Sequence[str], policies: Sequ
     return table(header, rows, "figures")
 
 
-def filters(trees: Sequence[ProblemTree], splits: Sequence[str], policies: Sequence[Policy]) -> str:
-    right_wrong = [("1", "right"), ("0", "wrong")]
+RIGHT_WRONG = [("1", "right"), ("0", "wrong")]
+
+
+def filter_specs(trees: Sequence[ProblemTree], splits: Sequence[str],
+                 policies: Sequence[Policy]) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """The index's filters: (key, label, options); ``row_values`` gives each problem's value of every key."""
     first = trees[0]
     levels = sorted({str(tree.level) for tree in trees if tree.level is not None})
-    parts = [select("split", "split", [(s, s) for s in splits]),
-             select("level", "level", [(level, level) for level in levels]),
-             select("distinct", "round-0 answers", [("1", "unanimous"), ("2", "two answers"),
-                                                    ("3", "three or more")]),
-             select("vote", "vote", right_wrong), select("debate", "debate", right_wrong),
-             select("oracle", "joint oracle", [("1", "some joint action right"), ("0", "none right")])]
+    specs = [("split", "split", [(s, s) for s in splits]), ("level", "level", [(level, level) for level in levels]),
+             ("distinct", "round-0 answers", [("1", "unanimous"), ("2", "two answers"), ("3", "three or more")]),
+             ("vote", "vote", RIGHT_WRONG), ("debate", "debate", RIGHT_WRONG),
+             ("oracle", "joint oracle", [("1", "some joint action right"), ("0", "none right")])]
     for i, agent in enumerate(first.agents):
         role = first.roles[i]
-        parts.append(select(f"agent{i}", f"{agent}{f' ({role})' if role else ''} at round 0", right_wrong))
+        specs.append((f"agent{i}", f"{agent}{f' ({role})' if role else ''} at round 0", RIGHT_WRONG))
+    tags = {PROTOCOL_TAGS[name]: name for name in PROTOCOLS}
     for number, policy in enumerate(policies):
-        parts.append(select(f"policy{number}", f"{policy_tag(number)} {policy.label}", right_wrong))
-        parts.append(select(f"choice{number}", f"{policy_tag(number)}'s choice",
-                            [("1", "the oracle's"), ("0", "not the oracle's")]))
-    search = "<label>search <input type=\"search\" id=\"search\" placeholder=\"contains...\"></label>"
-    return (f"<section class=\"panel filters\" id=\"filters\"><h2>Problems</h2>{''.join(parts)}{search}"
-            "<p class=\"count\" id=\"count\"></p></section>")
+        specs.append((f"policy{number}", f"{policy_tag(number)} {policy.label}", RIGHT_WRONG))
+        specs.append((f"plays{number}", f"{policy_tag(number)}'s first-round choice", plays_options(tags)))
+    return specs
+
+
+def row_values(tree: ProblemTree, policies: Sequence[Policy]) -> dict[str, Value]:
+    """A problem's value of each filter of ``filter_specs`` ("" where it has none)."""
+    key = (tree.split, tree.id)
+    values: dict[str, Value] = {
+        "split": tree.split, "level": "" if tree.level is None else str(tree.level),
+        "distinct": str(min(tree.distinct_answers, 3)), "vote": str(int(tree.vote_correct)),
+        "debate": str(int(tree.cell(tree.protocols["debate"]).correct)), "oracle": str(int(tree.right_cells > 0))}
+    for i, view in enumerate(tree.round0):
+        values[f"agent{i}"] = str(int(view.correct))
+    references = {PROTOCOL_TAGS[name]: [tree.protocols[name]] for name in PROTOCOLS}
+    for number, policy in enumerate(policies):
+        right = policy.right(key)
+        values[f"policy{number}"] = "" if right is None else str(int(right >= 0.5))
+        values[f"plays{number}"] = policy.plays(key, references)
+    return values
+
+
+def sorts_and_groups(trees: Sequence[ProblemTree], policies: Sequence[Policy]) -> tuple[
+        list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]]]:
+    """The index's sort keys, the filters it groups by, and the right/wrong filters a group's heading shares."""
+    agents = trees[0].agents
+    sorts = [("order", "set order"), ("level", "level"), ("right", "right joint actions"),
+             ("distinct", "round-0 answers"), ("tokens", "round-0 tokens"),
+             *((f"policy{n}", f"{policy_tag(n)} {p.label}: share right") for n, p in enumerate(policies))]
+    groups = [("split", "split"), ("level", "level"), ("distinct", "round-0 answers"), ("vote", "vote"),
+              ("debate", "debate"), ("oracle", "joint oracle"),
+              *((f"agent{i}", f"{agent} at round 0") for i, agent in enumerate(agents)),
+              *((f"policy{n}", f"{policy_tag(n)} {p.label}") for n, p in enumerate(policies))]
+    outcomes = [("vote", "vote"), ("debate", "debate"), ("oracle", "joint oracle"),
+                *((f"policy{n}", policy_tag(n)) for n in range(len(policies)))]
+    return sorts, groups, outcomes
+
+
+def set_listing(trees: Sequence[ProblemTree], policies: Sequence[Policy]) -> str:
+    """The site's ``data.js``: every problem's filter values, sort values and search text."""
+    specs = filter_specs(trees, sorted({tree.split for tree in trees}), policies)
+    sorts, groups, outcomes = sorts_and_groups(trees, policies)
+    rows = []
+    for n, tree in enumerate(trees):
+        order: dict[str, Any] = {"order": n, "level": tree.level, "right": tree.right_cells,
+                                 "distinct": tree.distinct_answers, "tokens": tree.tokens0}
+        order.update({f"policy{number}": policy.right((tree.split, tree.id)) for number, policy in enumerate(policies)})
+        search = " ".join(str(part) for part in (f"{tree.split} #{tree.index}", tree.id, tree.question, tree.gold,
+                                                 *(view.answer for view in tree.round0), tree.vote))
+        rows.append((problem_file(tree), search, row_values(tree, policies), order))
+    return listing(rows, [key for key, _, _ in specs], sorts, groups, outcomes)
+
+
+def filters(trees: Sequence[ProblemTree], splits: Sequence[str], policies: Sequence[Policy]) -> str:
+    parts = [select(key, label, options) for key, label, options in filter_specs(trees, splits, policies)]
+    sorts, groups, _ = sorts_and_groups(trees, policies)
+    return (f"<section class=\"panel filters\" id=\"filters\"><h2>Problems</h2>{''.join(parts)}"
+            f"{search_box('search')}{ordering(sorts, groups)}<p class=\"count\" id=\"count\"></p></section>")
 
 
 def problem_table(trees: Sequence[ProblemTree], policies: Sequence[Policy]) -> str:
     first = trees[0]
     header = ["problem", "split", "level", "question", "gold", *(f"{a}" for a in first.agents), "vote", "debate",
-              "right joint actions", *(f"{policy_tag(n)} {p.label}" for n, p in enumerate(policies))]
+              "right joint actions", "round-0 tokens", *(f"{policy_tag(n)} {p.label}" for n, p in enumerate(policies))]
+    columns = len(header) - len(policies)
+    sorts = {0: "order", 2: "level", columns - 2: "right", columns - 1: "tokens",
+             **{columns + n: f"policy{n}" for n in range(len(policies))}}
     rows, attrs = [], []
-    for tree in trees:
+    for n, tree in enumerate(trees):
         key = (tree.split, tree.id)
-        debate = tree.cell(tree.protocols["debate"]).correct
+        debate = tree.cell(tree.protocols["debate"])
         row = [f"<a href=\"{problem_file(tree)}\">{esc(tree.split)} #{tree.index}</a>", esc(tree.split),
                esc(tree.level), f"<span class=\"clamp\">{esc(tree.question)}</span>", esc(tree.gold),
                *(answer_chip(v.answer, v.correct) for v in tree.round0), answer_chip(tree.vote, tree.vote_correct),
-               answer_chip(tree.cell(tree.protocols["debate"]).consensus, debate),
-               f"{tree.right_cells}/{len(tree.cells)}"]
-        data = {"data-split": tree.split, "data-level": "" if tree.level is None else str(tree.level),
-                "data-distinct": str(min(tree.distinct_answers, 3)), "data-vote": str(int(tree.vote_correct)),
-                "data-debate": str(int(debate)), "data-oracle": str(int(tree.right_cells > 0))}
-        for i, view in enumerate(tree.round0):
-            data[f"data-agent{i}"] = str(int(view.correct))
-        for number, policy in enumerate(policies):
-            right = policy.right(key)
-            row.append(fraction_chip(right))
-            data[f"data-policy{number}"] = "" if right is None else str(int(right >= 0.5))
-            joints = policy.joints(key)
-            data[f"data-choice{number}"] = "" if not joints else str(int(tuple(tree.oracle_actions) in joints))
+               answer_chip(debate.consensus, debate.correct), f"{tree.right_cells}/{len(tree.cells)}", str(tree.tokens0),
+               *(fraction_chip(policy.right(key)) for policy in policies)]
         rows.append(row)
-        attrs.append(data)
-    return table(header, rows, "problems", attrs)
+        attrs.append({"data-n": str(n)})
+    return table(header, rows, "problems", attrs, sorts)
 
 
 # ------------------------------------------------------------------------------------------------- problem
-def problem_page(card: ReplayCard, tree: ProblemTree, policies: Sequence[Policy],
+def problem_page(card: ReplayCard, tree: ProblemTree, policies: Sequence[Policy], number: int,
                  neighbours: tuple[str | None, str | None], tags: dict[str, str]) -> str:
-    """One problem: the question, round 0, each agent's moves, the grid, and the policies' episodes."""
-    previous, following = neighbours
-    links = ["<a href=\"../index.html\">all problems</a>"]
-    links += [f"<a href=\"../{previous}\" rel=\"prev\">previous</a>"] if previous else []
-    links += [f"<a href=\"../{following}\" rel=\"next\">next</a>"] if following else []
+    """One problem (``number``: its row in the index): the question, round 0 with every call's prompt and tokens,
+    each agent's moves, the grid, and the policies' episodes."""
     meta = f"{esc(tree.split)} #{tree.index} · {esc(tree.id)}"
     meta += f" · level {esc(tree.level)}" if tree.level is not None else ""
-    body = [f"<nav>{' · '.join(links)}</nav>",
+    more = (f" · vote of round 0 {answer_chip(tree.vote, tree.vote_correct)} · {tree.right_cells} of "
+            f"{len(tree.cells)} joint actions end right · round 0 spent {tree.tokens0} tokens")
+    body = [nav_bar(number, *neighbours),
             f"<header><h1>{esc(card.name)}: {esc(tree.split)} #{tree.index}</h1><p class=\"sub\">{meta}</p></header>",
-            f"<section class=\"panel question\"><p class=\"q\" id=\"question\">{esc(tree.question)}</p>"
-            f"<p>gold answer <span class=\"chip gold\" id=\"gold\">{esc(tree.gold)}</span> · vote of round 0 "
-            f"{answer_chip(tree.vote, tree.vote_correct)} · {tree.right_cells} of {len(tree.cells)} joint actions end "
-            "right</p></section>",
+            question_panel(tree.question, tree.gold, more),
             "<h2>Round 0: each agent solves</h2>", round_zero(tree),
             "<h2>Round 1: what each move leads to</h2>", moves_table(tree),
             "<h2>Joint actions of round 1</h2>", grid(tree, policies, tags)]
@@ -173,7 +224,7 @@ def round_zero(tree: ProblemTree) -> str:
         items.append(("oracle plays", esc(tree.action_label(i, tree.oracle_actions[i]))))
         solution = text_block("solution", view.text, open_=True)
         cards.append(f"<article class=\"agent {mark(view.correct)}\" data-agent=\"{i}\"><h3>{esc(agent_title(tree, i))}"
-                     f"</h3>{definitions(items)}{solution}{tool_part(view)}</article>")
+                     f"</h3>{definitions(items)}{solution}{tool_part(view)}{calls_part(view.calls)}</article>")
     return f"<div class=\"agents\">{''.join(cards)}</div>"
 
 
@@ -187,6 +238,24 @@ def tool_part(view: AgentView) -> str:
     program = text_block("program", view.program, kind="code")
     return (f"<div class=\"tool\"><p class=\"n\">program: {verdict}</p>{program}"
             f"{text_block('its output', output, open_=True, kind='code')}</div>")
+
+
+def calls_part(calls: Sequence[Call]) -> str:
+    """The calls that made a state, each with its tokens and, opened, the prompt it was shown (a program's run is
+    no model call: its prompt is the program shown above, and it costs no tokens)."""
+    if not calls:
+        return ""
+    parts = []
+    for call in calls:
+        if is_tool_kind(call.kind):
+            parts.append(f"<p class=\"call n\">{esc(call.kind)}: the program above, no tokens</p>")
+            continue
+        messages = "".join(f"<p class=\"role\">{esc(m.role)}</p><pre>{esc(m.content)}</pre>" for m in call.messages)
+        parts.append(f"<details class=\"call\" data-kind=\"{esc(call.kind)}\"><summary>{esc(call.kind)} prompt: "
+                     f"<span class=\"tokens\">{call.prompt_tokens} + {call.completion_tokens}</span> tokens</summary>"
+                     f"<div class=\"messages\">{messages}</div></details>")
+    total = sum(call.prompt_tokens + call.completion_tokens for call in calls)
+    return f"<div class=\"calls\"><p class=\"n\">calls: {total} tokens (prompt + completion)</p>{''.join(parts)}</div>"
 
 
 def moves_table(tree: ProblemTree) -> str:
@@ -207,6 +276,9 @@ def moves_table(tree: ProblemTree) -> str:
             if action == 1:
                 parts.append(text_block("refined text", after.text))
                 parts.append(tool_part(after))
+            if after.critic is not None:
+                parts.append(f"<p class=\"n\">critic's verdict <q class=\"verdict\">{esc(after.critic)}</q></p>")
+            parts.append(calls_part(after.calls))
             row.append(" ".join(parts))
         rows.append(row)
     return table(header, rows, "moves")

@@ -1,7 +1,8 @@
 """Build the static site of a replay set or of trace files, and serve a built site on 127.0.0.1.
 
-A site is a folder: ``index.html``, ``assets/`` (one stylesheet, one script) and ``problems/`` (one page per
-problem), so no page grows with the set and every page opens from disk (``file://``) as well as over HTTP.
+A site is a folder: ``index.html``, ``data.js`` (the index's rows as data, which its filters, sorting and grouping
+and each problem page's previous/next read), ``assets/`` (one stylesheet, one script) and ``problems/`` (one page
+per problem), so no page grows with the set and every page opens from disk (``file://``) as well as over HTTP.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deliberation_env.replay.dataset import ReplaySet
-from deliberation_env.view.episodes import Policy, load_policies, problem_keys
-from deliberation_env.view.pages import index_page, legend_tags, problem_file, problem_page
-from deliberation_env.view.trace_pages import trace_file, trace_index_page, trace_problem_page
-from deliberation_env.view.tree import ProblemTree, record_texts, walk_split
+from deliberation_env.tasks.base import Problem
+from deliberation_env.view.episodes import Policy, ProblemKey, load_policies, problem_keys
+from deliberation_env.view.pages import index_page, legend_tags, problem_file, problem_page, set_listing
+from deliberation_env.view.trace_pages import trace_file, trace_index_page, trace_listing, trace_problem_page
+from deliberation_env.view.tree import ProblemTree, walk_split
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -53,12 +55,11 @@ def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike
         raise ValueError(f"replay set {card.name!r} recorded CONCEDE to its rule's peer only, so it has no grid of "
                          "chosen concede targets: drop --chosen-targets")
     policies = load_policies(traces, labels)
-    texts = record_texts(replay)
     trees: list[ProblemTree] = []
     for split in chosen:
         count = len(card.splits[split])
         indices = None if problems is None else [i for i in problems if i < count]
-        trees += walk_split(replay, split, indices, stream=stream, chosen_targets=chosen_targets, texts=texts)
+        trees += walk_split(replay, split, indices, stream=stream, chosen_targets=chosen_targets)
     if not trees:
         raise ValueError(f"no problems chosen: the splits {chosen} hold {[len(card.splits[s]) for s in chosen]}")
     game = (f"{trees[0].num_actions} actions per agent, {len(trees[0].cells)} joint actions, stream {stream}"
@@ -67,10 +68,10 @@ def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike
     tags = legend_tags(policies)
     files = [problem_file(tree) for tree in trees]
     for i, tree in enumerate(trees):
-        neighbours = (files[i - 1] if i else None, files[i + 1] if i + 1 < len(files) else None)
-        write(target / files[i], problem_page(card, tree, policies, neighbours, tags))
+        write(target / files[i], problem_page(card, tree, policies, i, neighbours(files, i), tags))
     built = f"{len(trees)} problems" + (f", policies from {len(traces)} trace file(s)" if traces else "")
     write(target / "index.html", index_page(card, trees, policies, game, built))
+    write(target / "data.js", set_listing(trees, policies))
     return Built(target, len(trees) + 1, time.perf_counter() - started)
 
 
@@ -84,11 +85,29 @@ def build_trace_site(traces: Sequence[str | os.PathLike], out: str | os.PathLike
     if not keys:
         raise ValueError(f"the trace files {[str(t) for t in traces]} hold no episodes")
     title = ", ".join(Path(t).name for t in traces)
+    problems = trace_problems(policies, keys)
     target = prepare(out)
     for number, key in enumerate(keys):
-        write(target / trace_file(number), trace_problem_page(title, key, number, len(keys), policies))
-    write(target / "index.html", trace_index_page(title, keys, policies))
+        write(target / trace_file(number), trace_problem_page(title, key, number, len(keys), policies, problems[key]))
+    write(target / "index.html", trace_index_page(title, keys, policies, problems))
+    write(target / "data.js", trace_listing(keys, policies, problems))
     return Built(target, len(keys) + 1, time.perf_counter() - started)
+
+
+def trace_problems(policies: Sequence[Policy], keys: Sequence[ProblemKey]) -> dict[ProblemKey, Problem | None]:
+    """Each traced problem, rebuilt from its episodes' task and settings (None where the task cannot be built here,
+    e.g. without its data)."""
+    from deliberation_env.analysis.sim_fit import traced_problem, traced_problems  # scipy: only trace sites pay
+
+    first = {key: next(e for p in policies for e in p.episodes.get(key, [])) for key in keys}
+    found = traced_problems(list(first.values()))
+    return {key: None if (built := found[traced_problem(episode)]) is None else built[1]
+            for key, episode in first.items()}
+
+
+def neighbours(files: Sequence[str], i: int) -> tuple[str | None, str | None]:
+    """The pages before and after page ``i`` in the set's order (the links a page has without its script)."""
+    return files[i - 1] if i else None, files[i + 1] if i + 1 < len(files) else None
 
 
 def prepare(out: str | os.PathLike) -> Path:

@@ -4,9 +4,9 @@ For each problem of a split, ``walk_split`` plays every joint action of the firs
 ``replay_env`` (through the library's episode runner) and keeps what a reader wants to see: each agent's round-0
 solution (text, extracted answer, the critic's verdict and confidence, the program and its output for agents whose
 role has a tool), what each move of each agent leads to (its REFINE text, the peer a CONCEDE adopts), the final
-consensus of every joint action, and the joint actions the fixed protocols play. Programs' outputs and round-0
-critic verdicts are read from the set's records (a ``run`` or ``critic`` completion of that problem, stream, round
-and agent), which the env does not keep.
+consensus of every joint action, and the joint actions the fixed protocols play. The walk listens to the env's
+backend, so every state also keeps the calls that made it (``Call``: the prompt each call was shown, what came back
+and its tokens, as recorded): the solve, the program's run, the critic's verdict, a REFINE and its prompt.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deliberation_env.backends.base import Completion, Request
+from deliberation_env.chat import Message
 from deliberation_env.core.actions import FIRST_PEER_ACTION, action_name
 from deliberation_env.core.deliberation import AgentState
-from deliberation_env.core.tools import TOOLS
+from deliberation_env.core.tools import TOOLS, is_tool_kind
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay.dataset import ReplaySet
@@ -26,6 +28,19 @@ from deliberation_env.vector import Start, Step, run_episodes
 
 PROTOCOLS = ("self_consistency", "debate", "threshold", "oracle")
 """The fixed protocols whose joint action is marked on the grid (deterministic ones; the oracle is privileged)."""
+
+
+@dataclass
+class Call:
+    """One request an agent's move made, and its recorded answer."""
+
+    kind: str
+    """``solve``, ``refine``, ``critic`` or a tool's kind (``run``)."""
+    messages: tuple[Message, ...]
+    """The prompt: what the call was shown (a tool's run: the program)."""
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass
@@ -44,9 +59,11 @@ class AgentView:
     output: str | None = None
     """What that program printed (empty: it failed or printed nothing; None: no run recorded)."""
     critic: str | None = None
-    """The critic's verdict on the text (round 0; later critic calls are not told apart here)."""
+    """The critic's verdict on the text (None: no critic call made this state)."""
     target: str | None = None
     """For a CONCEDE: the agent whose answer it adopted."""
+    calls: list[Call] = field(default_factory=list)
+    """The calls that made this state, in order (a PERSIST, or a CONCEDE that keeps its peer's confidence: none)."""
 
 
 @dataclass
@@ -123,40 +140,55 @@ class ProblemTree:
         return sum(cell.correct for cell in self.cells)
 
 
-RecordTexts = dict[tuple[str, str, int, int, int, str], list[str]]
-
-
-def record_texts(replay: ReplaySet) -> RecordTexts:
-    """The set's completion texts by (split, problem id, stream, round, agent, kind)."""
-    texts: RecordTexts = {}
-    for record in replay.records.values():
-        key = (record["split"], record["problem"], record["stream"], record["round"], record["agent"], record["kind"])
-        texts.setdefault(key, []).append(record["text"])
-    return texts
-
-
 def walk_split(replay: ReplaySet, split: str, indices: Iterable[int] | None = None, *, stream: int = 0,
-               chosen_targets: bool = False, texts: RecordTexts | None = None) -> list[ProblemTree]:
+               chosen_targets: bool = False) -> list[ProblemTree]:
     """Every joint action of round 1 on the problems ``indices`` (default: all) of ``split``, on ``stream``.
     ``chosen_targets``: the game with CONCEDE to a named peer (``concede_to_peer=True``; the set must hold every
-    concede target). ``texts``: ``record_texts(replay)``, when the caller walks several splits."""
+    concede target)."""
     env = replay_env(replay, split=split, invalid_action="persist", max_rounds=1, concede_to_peer=chosen_targets)
     try:
-        return _Walk(env, split, stream, record_texts(replay) if texts is None else texts).run(indices)
+        return _Walk(env, split, stream).run(indices)
     finally:
         env.close()
 
 
-class _Walk:
-    """One split's walk: the env, the records' texts, and the trees built so far."""
+class _Listener:
+    """The env's backend, keeping every request it answers with its completion until the walk takes them."""
 
-    def __init__(self, env: Any, split: str, stream: int, texts: RecordTexts):
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.answers_tools = getattr(backend, "answers_tools", False)  # a replay backend answers the recorded runs
+        self.heard: list[tuple[Request, Completion]] = []
+
+    def identity(self) -> str:
+        return str(self.backend.identity())
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        completions = self.backend.generate(requests)
+        self.heard.extend(zip(requests, completions))
+        return completions
+
+    def take(self, agents: int) -> list[list[Call]]:
+        """The calls heard since the last take, per agent (and forget them)."""
+        calls: list[list[Call]] = [[] for _ in range(agents)]
+        for request, completion in self.heard:
+            calls[request.agent].append(Call(request.kind, request.messages, completion.text,
+                                             completion.prompt_tokens, completion.completion_tokens))
+        self.heard = []
+        return calls
+
+
+class _Walk:
+    """One split's walk: the env, the backend it listens to, and the trees built so far."""
+
+    def __init__(self, env: Any, split: str, stream: int):
         if not 0 <= stream < env.config.streams:
             raise ValueError(f"stream {stream}: the set holds streams 0-{env.config.streams - 1}")
-        self.env, self.split, self.stream, self.texts = env, split, stream, texts
+        self.env, self.split, self.stream = env, split, stream
         self.agents = list(env.possible_agents)
         self.roles = list(env.config.roles) if env.config.roles is not None else [None] * len(self.agents)
         self.joints = list(itertools.product(range(env.action_space(self.agents[0]).n), repeat=len(self.agents)))
+        self.listener = _Listener(env.backends[0])  # replay_env: one backend serves every agent
         self.trees: list[ProblemTree] = []
 
     def run(self, indices: Iterable[int] | None) -> list[ProblemTree]:
@@ -169,29 +201,27 @@ class _Walk:
         starts = [Start(self.stream, problem=problems[p]) for p in chosen for _ in self.joints]
         count = len(self.joints)
         run_episodes([self.env], starts, lambda steps: [dict(zip(self.agents, self.joints[steps[0].episode % count]))],
-                     self.on_step)
+                     self.on_step, backend=self.listener)
         return self.trees
 
-    def recorded(self, problem: str, round_: int, agent: int, kind: str) -> str | None:
-        """The one recorded text of this kind, or None (none, or several that the key does not tell apart)."""
-        found = self.texts.get((self.split, problem, self.stream, round_, agent, kind))
-        return found[0] if found and len(found) == 1 else None
-
-    def view(self, state: AgentState, problem: str, round_: int, agent: int) -> AgentView:
+    def view(self, state: AgentState, agent: int, calls: list[Call]) -> AgentView:
         role = self.roles[agent]
         tool = None if role is None or role.tool is None else TOOLS[role.tool]
         run = None if tool is None else tool.request(state.text)
-        program = None if run is None else run[-1].content
+        ran = next((call for call in calls if is_tool_kind(call.kind)), None)
+        critic = next((call.text for call in calls if call.kind == "critic"), None)
         return AgentView(state.text, state.answer, bool(state.correct), float(state.confidence),
-                         state.confidence_source, bool(state.tool_ran), bool(state.tool_agrees), program,
-                         None if tool is None or run is None else self.recorded(problem, round_, agent, tool.kind))
+                         state.confidence_source, bool(state.tool_ran), bool(state.tool_agrees),
+                         None if run is None else run[-1].content, None if ran is None else ran.text, critic,
+                         calls=calls)
 
     def on_step(self, step: Step) -> None:
         position, j = divmod(step.episode, len(self.joints))
         core = step.env.deliberation
+        calls = self.listener.take(len(self.agents))
         if step.actions is None:
             if j == 0:
-                self.trees.append(self.first_round(step, self.indices[position]))
+                self.trees.append(self.first_round(step, self.indices[position], calls))
             return
         tree, joint = self.trees[-1], self.joints[j]
         played = tuple("-" if a is None else a.name for a in step.env.last_actions)
@@ -201,18 +231,16 @@ class _Walk:
                                tree.tokens0 + sum(int(i["tokens"]) for i in step.infos.values())))
         for i, (action, name) in enumerate(zip(joint, played)):
             if action not in tree.moves[i] and not masked(action, name):
-                after = self.view(core.agents[i], core.problem.id, 1, i)
+                after = self.view(core.agents[i], i, calls[i])
                 if name == "CONCEDE":
                     after.target = tree.concede_target(i, action)
                 tree.moves[i][action] = after
 
-    def first_round(self, step: Step, index: int) -> ProblemTree:
+    def first_round(self, step: Step, index: int, calls: list[list[Call]]) -> ProblemTree:
         """A problem's tree after its round 0 (the reset of its first joint action)."""
         core, infos, agents = step.env.deliberation, step.infos, self.agents
         problem = core.problem
-        round0 = [self.view(state, problem.id, 0, i) for i, state in enumerate(core.agents)]
-        for i, agent_view in enumerate(round0):
-            agent_view.critic = self.recorded(problem.id, 0, i, "critic")
+        round0 = [self.view(state, i, calls[i]) for i, state in enumerate(core.agents)]
         consensus = core.consensus()
         meta = problem.metadata or {}
         tree = ProblemTree(
