@@ -253,7 +253,7 @@ def test_sorting_grouping_and_a_problem_s_previous_next_follow_the_url(site, tre
         while True:  # next -> next -> ...: the index's rows, in its order
             page.wait_for_url(f"**{query}")
             visited.append(page.inner_text("h1").split(": ")[1])
-            assert page.inner_text("#position") == f"{len(visited)} of {len(names)} the index shows"
+            assert page.inner_text("#position") == f"{len(visited)} of the {len(names)} problems the index shows"
             following = page.locator("nav a[rel=next]")
             if not following.is_visible():
                 break
@@ -265,6 +265,14 @@ def test_sorting_grouping_and_a_problem_s_previous_next_follow_the_url(site, tre
         page.click("nav a.up")
         page.wait_for_url(url + "index.html" + query)
         assert shown_rows(page) == names
+        # a page the filters leave out links to the nearest problems they keep, in the index's order
+        wrong, right = [t for t in test if not t.vote_correct], [t for t in test if t.vote_correct]
+        later = [t for t in right if t.index > wrong[0].index]
+        assert wrong and later  # the sim's set: test #1 wrong, #2-4 right
+        page.goto(url + f"problems/test-{wrong[0].index:05d}.html?split=test&vote=1")
+        assert page.inner_text("#position") == f"not among the {len(right)} problems the index shows"
+        assert page.get_attribute("nav a[rel=next]", "href") == \
+            f"../problems/test-{later[0].index:05d}.html?split=test&vote=1"
     assert page.errors == []
 
 

@@ -211,11 +211,8 @@ function setupProblem(data, nav) {
     if (up) up.href = "../index.html" + query;
     const position = document.getElementById("position");
     const place = kept.findIndex((row) => row.n === here);
-    const filtered = query ? " the index shows" : "";
-    if (position) {
-      position.textContent = place >= 0 ? `${place + 1} of ${kept.length}${filtered}` :
-        `not among the ${kept.length} problems${filtered}`;
-    }
+    const of = `the ${kept.length} problems ${query ? "the index shows" : "of the site"}`;
+    if (position) position.textContent = place >= 0 ? `${place + 1} of ${of}` : `not among ${of}`;
   };
   window.addEventListener("pageshow", fromUrl);
   fromUrl();
