@@ -107,6 +107,10 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+RIGHT_WRONG = [("1", "right"), ("0", "wrong")]
+"""The options of a right/wrong filter."""
+
+
 def select(key: str, label: str, options: Iterable[tuple[str, str]]) -> str:
     """A filter: rows whose ``data-<key>`` equals the chosen value stay visible ("" keeps every row)."""
     choices = "".join(f"<option value=\"{esc(value)}\">{esc(text)}</option>" for value, text in options)

@@ -11,6 +11,7 @@ from deliberation_env.core.tools import is_tool_kind
 from deliberation_env.replay.dataset import ReplayCard
 from deliberation_env.view.episodes import Policy, plays_options
 from deliberation_env.view.markup import (
+    RIGHT_WRONG,
     Value,
     answer_chip,
     definitions,
@@ -84,9 +85,6 @@ def headline(trees: Sequence[ProblemTree], splits: Sequence[str], policies: Sequ
                        if scores else "-")
         rows.append(row)
     return table(header, rows, "figures")
-
-
-RIGHT_WRONG = [("1", "right"), ("0", "wrong")]
 
 
 def filter_specs(trees: Sequence[ProblemTree], splits: Sequence[str],

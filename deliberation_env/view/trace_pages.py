@@ -14,6 +14,7 @@ from deliberation_env.protocols import PROTOCOLS
 from deliberation_env.tasks.base import Problem
 from deliberation_env.view.episodes import Policy, ProblemKey, plays_options
 from deliberation_env.view.markup import (
+    RIGHT_WRONG,
     Value,
     answer_chip,
     esc,
@@ -31,9 +32,6 @@ from deliberation_env.view.markup import (
 )
 
 ACTION_SHORT = {"PERSIST": "persist", "REFINE": "refine", "CONCEDE": "concede"}
-RIGHT_WRONG = [("1", "right"), ("0", "wrong")]
-
-
 def trace_file(number: int) -> str:
     return f"problems/trace-{number:05d}.html"
 
@@ -114,10 +112,21 @@ def trace_listing(keys: Sequence[ProblemKey], policies: Sequence[Policy],
         order: dict[str, Any] = {"order": number, "id": key[1]}
         order.update({f"policy{n}": policy.right(key) for n, policy in enumerate(policies)})
         rows.append((trace_file(number), search, trace_values(key, policies, references), order))
-    filters = ["split", "differ", "choices", *(f"policy{n}" for n in range(len(policies))),
-               *(f"plays{n}" for n in range(len(policies)))]
+    filters = [key for key, _, _ in trace_filter_specs(keys, policies)]
     return listing(rows, filters, trace_sorts(policies), trace_groups(policies),
                    [(f"policy{n}", p.label) for n, p in enumerate(policies)])
+
+
+def trace_filter_specs(keys: Sequence[ProblemKey], policies: Sequence[Policy]
+                       ) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """The trace index's filters: (key, label, options); ``trace_values`` gives each problem's value of every key."""
+    references = references_of(policies)
+    return [("split", "split", [(s, s) for s in sorted({split for split, _ in keys})]),
+            ("differ", "policies", [("1", "disagree on right/wrong"), ("0", "agree")]),
+            ("choices", "first-round choices", [("1", "differ between policies"), ("0", "alike")]),
+            *((f"policy{n}", p.label, RIGHT_WRONG) for n, p in enumerate(policies)),
+            *((f"plays{n}", f"{p.label}'s first-round choice", plays_options(references[n]))
+              for n, p in enumerate(policies))]
 
 
 def trace_sorts(policies: Sequence[Policy]) -> list[tuple[str, str]]:
@@ -133,7 +142,6 @@ def trace_groups(policies: Sequence[Policy]) -> list[tuple[str, str]]:
 def trace_index_page(title: str, keys: Sequence[ProblemKey], policies: Sequence[Policy],
                      problems: Mapping[ProblemKey, Problem | None]) -> str:
     """Every problem some policy played, each policy's share of right episodes, and filters."""
-    splits = sorted({split for split, _ in keys})
     header = ["problem", "split", "question", "gold", *(p.label for p in policies), "first-round actions"]
     rows, attrs = [], []
     for number, key in enumerate(keys):
@@ -153,13 +161,7 @@ def trace_index_page(title: str, keys: Sequence[ProblemKey], policies: Sequence[
          percent(sum(e.rounds[-1].consensus_correct for es in p.episodes.values() for e in es)
                  / max(1, sum(len(e) for e in p.episodes.values())))] for p in policies], "figures")
     with_probabilities = sum(any(a.probabilities is not None for r in e.rounds for a in r.agents) for e in episodes)
-    references = references_of(policies)
-    controls = [select("split", "split", [(s, s) for s in splits]),
-                select("differ", "policies", [("1", "disagree on right/wrong"), ("0", "agree")]),
-                select("choices", "first-round choices", [("1", "differ between policies"), ("0", "alike")]),
-                *(select(f"policy{n}", p.label, RIGHT_WRONG) for n, p in enumerate(policies)),
-                *(select(f"plays{n}", f"{p.label}'s first-round choice", plays_options(references[n]))
-                  for n, p in enumerate(policies)),
+    controls = [*(select(key, label, options) for key, label, options in trace_filter_specs(keys, policies)),
                 search_box("search"), ordering(trace_sorts(policies), trace_groups(policies))]
     sorts = {0: "order", **{4 + n: f"policy{n}" for n in range(len(policies))}}
     body = [f"<header><h1>{esc(title)}</h1><p class=\"sub\">Episode traces: each policy's episodes on the same "
