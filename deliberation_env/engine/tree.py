@@ -296,25 +296,39 @@ def compile_tree(dataset: Any, split: str, *, problems: Sequence[int] | None = N
 
 def verify(tree: CompiledTree, env: Any, episodes: int, seed: int | None = 0) -> None:
     """Replay ``episodes`` random joint-action sequences on ``env`` (the tree's reference env) and compare everything
-    the tree stores of them (observations, masks, labels, the consensus, tokens, rewards and their components,
-    termination); ``StaleTree`` names the first difference. ``seed``: of the draws (None: fresh ones each call)."""
+    the tree stores of them (``verify_plays``). ``seed``: of the draws (None: fresh ones each call)."""
     rng = np.random.default_rng(seed)
+    plays = [(int(rng.integers(len(tree.problem_ids))), int(rng.integers(tree.streams)),
+              [int(j) for j in rng.integers(tree.num_joint, size=tree.max_rounds)]) for _ in range(episodes)]
+    verify_plays(tree, env, plays)
+
+
+def verify_plays(tree: CompiledTree, env: Any, plays: Sequence[tuple[int, int, Sequence[int]]]) -> int:
+    """Play each (problem index into the tree, stream, joint action indices) on ``env`` (the tree's reference env;
+    PERSIST after the sequence ends, if the episode goes on) and compare every observation, mask, label, consensus,
+    token count, reward, reward component and termination with the tree; ``StaleTree`` names the first difference.
+    Returns the number of steps compared."""
     joints = tree.joint_actions()
     by_id = {problem.id: problem for problem in env.problems}
     missing = [problem for problem in tree.problem_ids if problem not in by_id]
     if missing:
         raise StaleTree(f"compiled tree {tree.name}/{tree.split} holds problem {missing[0]!r}, which the set no "
                         "longer has")
-    picks = [(int(rng.integers(len(tree.problem_ids))), int(rng.integers(tree.streams))) for _ in range(episodes)]
-    nodes = [int(tree.roots[p, s]) for p, s in picks]
+    nodes = [int(tree.roots[p, s]) for p, s, _ in plays]
+    moves = [0] * len(plays)
     agents = env.possible_agents
 
     def act(steps: list[Step]) -> list[dict[str, int]]:
-        return [dict(zip(agents, joints[int(rng.integers(tree.num_joint))].tolist())) for _ in steps]
+        out = []
+        for step in steps:
+            sequence, made = plays[step.episode][2], moves[step.episode]
+            out.append(dict(zip(agents, joints[sequence[made] if made < len(sequence) else 0].tolist())))
+        return out
 
     def on_step(step: Step) -> None:
         where = "reset"
         if step.actions is not None:
+            moves[step.episode] += 1
             j = int(tree.joint_index(np.array([step.actions[a] for a in agents])))
             edge, where = int(tree.expand[nodes[step.episode]]), f"joint action {j}"
             nodes[step.episode] = int(tree.child[edge, j])
@@ -326,7 +340,8 @@ def verify(tree: CompiledTree, env: Any, episodes: int, seed: int | None = 0) ->
                 raise StaleTree(f"compiled tree {tree.name}/{tree.split} is stale: termination differs")
         _compare(tree, nodes[step.episode], step.observations, step.infos, where)
 
-    run_episodes([env], [Start(seed=s, problem=by_id[tree.problem_ids[p]]) for p, s in picks], act, on_step)
+    run_episodes([env], [Start(seed=s, problem=by_id[tree.problem_ids[p]]) for p, s, _ in plays], act, on_step)
+    return sum(moves) + len(plays)
 
 
 def _compare(tree: CompiledTree, node: int, observations: Mapping[str, Any], infos: Mapping[str, Any],
