@@ -21,9 +21,6 @@ os.environ["DELIBERATION_ENV_DATA"] = str(DATA_DIR)
 # Compiled replay trees (deliberation_env.engine) go to one folder shared by the test processes and runs, not the
 # user's cache; a tree compiled under other code is keyed apart and checked on load, so sharing is safe.
 os.environ.setdefault("DELIBERATION_ENV_CACHE", os.path.join(tempfile.gettempdir(), f"deliberation_env_tests_{os.getuid()}"))
-BENCH = str(Path(__file__).resolve().parents[1] / "bench")
-BENCH_FOLDERS = ("benchmark", "studies")
-"""The bench's script folders: the benchmark users run and the studies behind docs/results.md."""
 
 
 def worker_threads() -> int:
@@ -84,20 +81,6 @@ def data_dir() -> Path:
     if not (DATA_DIR / "gsm8k" / "test.jsonl").is_file():
         pytest.skip(f"benchmark data not found at {DATA_DIR}; set DELIBERATION_ENV_DATA")
     return DATA_DIR
-
-
-@pytest.fixture
-def bench_import(monkeypatch):
-    """``importlib.import_module`` with ``bench/`` and its script folders on the path (as a script run from its
-    folder sees its neighbours and the shared helpers); afterwards the path (which some scripts extend on import) and
-    ``sys.modules`` are as before, so no later test sees bench's top-level names."""
-    for folder in (BENCH, *(os.path.join(BENCH, name) for name in BENCH_FOLDERS)):
-        monkeypatch.syspath_prepend(folder)  # restores the whole sys.path at teardown
-    before = set(sys.modules)
-    yield importlib.import_module
-    for name in set(sys.modules) - before:
-        if (getattr(sys.modules[name], "__file__", None) or "").startswith(BENCH + os.sep):
-            del sys.modules[name]
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ import pytest
 pytest.importorskip("peft")
 
 
-def test_the_script_times_an_update_and_a_generate_call(bench_import, monkeypatch, tmp_path):
-    monkeypatch.setattr(bench_import("_results"), "RESULTS", str(tmp_path))
-    script = bench_import("gpu_step_cost")
+def test_the_script_times_an_update_and_a_generate_call(monkeypatch, tmp_path):
+    from bench.common import results
+    monkeypatch.setattr(results, "RESULTS", str(tmp_path))
+    from bench.benchmark import gpu_step_cost as script
     script.main(["--device", "cpu", "--architecture", "tiny", "--sequences", "8", "--prompt", "10", "--completion", "6",
                  "--micro-batch", "4", "--updates", "1", "--generate-batch", "2", "--new", "4", "--generate-batches", "1"])
     text = (tmp_path / "gpu_step_cost.md").read_text()

@@ -17,10 +17,13 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def study(tmp_path, monkeypatch, bench_import):
+def study(tmp_path, monkeypatch):
     """The bench module with its results folder moved to ``tmp_path``."""
-    monkeypatch.setattr(bench_import("_results"), "RESULTS", str(tmp_path))  # the report reads it at call time
-    return bench_import("llm_study")
+    from bench.common import results
+    monkeypatch.setattr(results, "RESULTS", str(tmp_path))  # the report reads it at call time
+    from bench.studies import llm_study
+
+    return llm_study
 
 
 def _chunk(bench, folder, cell: str, seed: int, correct: list[int], **changes) -> None:
@@ -63,10 +66,10 @@ def test_new_chunks_under_other_flags_are_refused_before_any_work(study, tmp_pat
         study.main(["--design", "2x2", "--model", "~/m.gguf", "--updates", "16", "--problems-per-update", "1", "--eval-problems", "2"])
 
 
-def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch, bench_import):
+def test_command_line_is_ready_to_paste_from_the_repository_root(monkeypatch):
     """Started from inside its folder (``bench/studies/``) with a model in the home folder, the recorded command still
     names the script from the repository's root and writes the home folder as ~."""
-    results = bench_import("_results")
+    from bench.common import results as results
     monkeypatch.chdir(os.path.join(BENCH, "studies"))
     model = os.path.join(os.path.expanduser("~"), "models", "m.gguf")
     monkeypatch.setattr("sys.argv", ["llm_study.py", "--model", model, "--seeds", "0", "1"])

@@ -29,8 +29,8 @@ def sets(tmp_path_factory):
     return root
 
 
-def test_the_suite_tunes_on_validation_reads_test_once_resumes_and_reports(sets, tmp_path, bench_import):
-    suite = bench_import("benchmark_suite")
+def test_the_suite_tunes_on_validation_reads_test_once_resumes_and_reports(sets, tmp_path):
+    from bench.benchmark import benchmark_suite as suite
     out = tmp_path / "suite"
     flags = ["--cells", f"{sets / 'all'}:v2", f"{sets / 'rule'}:chosen-v3", "--trainers", "sft", "grpo", "--seeds", "2",
              "--episodes", "20", "--out", str(out)]
@@ -90,18 +90,18 @@ def test_the_suite_tunes_on_validation_reads_test_once_resumes_and_reports(sets,
     assert f"{external.name}: 1 of 2 seeds" in board.split("Rows still running")[1]
 
 
-def test_a_cell_of_an_unknown_game_is_one_line_on_stderr(bench_import, capsys):
+def test_a_cell_of_an_unknown_game_is_one_line_on_stderr(capsys):
     with pytest.raises(SystemExit):
-        bench_import("benchmark_suite").main(["--cells", "qwen05-arith-v2:v9", "--report-only"])
+        from bench.benchmark import benchmark_suite
+        benchmark_suite.main(["--cells", "qwen05-arith-v2:v9", "--report-only"])
     assert len(capsys.readouterr().err.splitlines()) == 1
 
 
-def test_the_quick_look_scores_its_rows_the_leaderboards_way(sets, tmp_path, bench_import):
+def test_the_quick_look_scores_its_rows_the_leaderboards_way(sets, tmp_path):
     """replay_benchmark.py: its rows are baselines.benchmark's (the protocol to beat chosen on validation, the runs'
     exact test scores), and its tree analysis follows them."""
     from baselines.benchmark import best_protocol, protocol_scores
-
-    quick = bench_import("replay_benchmark")
+    from bench.benchmark import replay_benchmark as quick
     cell, out = f"{sets / 'all'}:v2", tmp_path / "quick"
     quick.main(["--cell", cell, "--algos", "sft", "--seeds", "0", "1", "--episodes", "20", "--resamples", "10",
                 "--out", str(out)])
@@ -118,12 +118,11 @@ def test_the_quick_look_scores_its_rows_the_leaderboards_way(sets, tmp_path, ben
     assert "What the recorded tree says" in report and "**Learnable headroom**" in report
 
 
-def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_never_chosen(bench_import):
+def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_never_chosen():
     """Validation picks the protocol to beat; where another scores higher on test, the report gives the rows against it
     too (in hindsight), and the leaderboard's comparison stays against validation's choice."""
     from baselines.benchmark import PROTOCOL_ROWS
-
-    suite = bench_import("benchmark_suite")
+    from bench.benchmark import benchmark_suite as suite
     ids = [f"p{i}" for i in range(40)]
     rng = np.random.default_rng(0)
 
@@ -146,12 +145,11 @@ def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_ne
     assert "On test, debate (" in text and "in hindsight" in text
 
 
-def test_the_row_to_headline_is_chosen_on_validation_across_cells(bench_import):
+def test_the_row_to_headline_is_chosen_on_validation_across_cells():
     """The headline is the largest validation margin over the cell's own protocol (chosen on validation): not the
     best test score, nor the highest validation accuracy in a cell whose protocol is as high."""
     from baselines.benchmark import PROTOCOL_ROWS
-
-    suite = bench_import("_suite")
+    from bench.common import suite
     ids = [f"p{i}" for i in range(10)]
 
     def found(protocol_validation: float, trainers: dict[str, tuple[float, float]]) -> dict:
@@ -168,14 +166,15 @@ def test_the_row_to_headline_is_chosen_on_validation_across_cells(bench_import):
     assert suite.choices(low)[0] == "debate"
 
 
-def test_the_peer_budget_study_trains_ours_for_the_peers_frames(sets, tmp_path, bench_import, monkeypatch):
+def test_the_peer_budget_study_trains_ours_for_the_peers_frames(sets, tmp_path, monkeypatch):
     """bench/studies/peer_budget.py: its middle arm is our trainer again with the peer's frames as episodes (the
     suite's learning rate and seeds), so the arms differ by their budget alone; the report sets the three side by
     side."""
     from baselines.meta.policy import load_checkpoint
 
     monkeypatch.chdir(tmp_path)  # the trained policies go under runs/ here
-    suite, study = bench_import("benchmark_suite"), bench_import("peer_budget")
+    from bench.benchmark import benchmark_suite as suite
+    from bench.studies import peer_budget as study
     name, out = f"{sets / 'all'}:v2", tmp_path / "suite"
     suite.main(["--cells", name, "--trainers", "mappo", "--seeds", "2", "--episodes", "20", "--out", str(out)])
     cell = out / "all-v2"

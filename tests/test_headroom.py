@@ -1,4 +1,4 @@
-"""bench/_trees.py and bench/studies/headroom.py: the played-out tree agrees with the env, the policy search finds the best
+"""bench/common/trees.py and bench/studies/headroom.py: the played-out tree agrees with the env, the policy search finds the best
 policy, and the headroom table's columns keep their order (oracle >= ceiling, policy search >= its own protocols)."""
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ def sim_set(tmp_path_factory):
 
 
 @pytest.fixture
-def trees(bench_import):
-    return bench_import("_trees")
+def trees():
+    from bench.common import trees
+
+    return trees
 
 
 def test_the_tree_of_chosen_targets_has_every_joint_action_and_agrees_with_the_env(sim_set, trees):
@@ -53,10 +55,9 @@ def test_peer_values_follow_the_cores_peer_order(trees):
 
 
 
-def test_the_program_rules_concede_to_the_program_aided_agent_by_its_place_in_each_peer_order(bench_import):
+def test_the_program_rules_concede_to_the_program_aided_agent_by_its_place_in_each_peer_order():
+    from bench.studies import headroom
     from deliberation_env.core import features
-
-    headroom = bench_import("headroom")
     joints = np.array(list(itertools.product(range(5), repeat=3)))
     program, printed = 1, np.array([True, True, False, False])
     core = Deliberation(ArithmeticTask(levels=[0]), DeliberationConfig(num_agents=3))
@@ -115,8 +116,8 @@ def test_one_policy_per_role_is_found_where_roles_play_differently(trees):
     # three roles of 12 states: 5 ** 36 policies, which numpy's power once wrapped around to a small number
     assert not trees.exhaustive(np.int64(5), 36) and trees.exhaustive(np.int64(3), 9)
 
-def test_the_headroom_columns_are_ordered(sim_set, trees, bench_import):
-    headroom = bench_import("headroom")
+def test_the_headroom_columns_are_ordered(sim_set, trees):
+    from bench.studies import headroom
     rows, tree, notes, rules = headroom.rows_of(str(sim_set.path), ["test"], repeats=2)
     assert rules == []  # no program-aided agent in the team
     assert {row["rule"] for row in rows} == {"most_confident", "plurality", "chosen"} and not notes
@@ -160,15 +161,16 @@ def test_the_nested_protocol_chooses_its_family_on_training_folds_only(trees):
     assert planted["joint"] == (0, 1, 2) and planted["cross_validated"] == 1.0
 
 
-def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path, bench_import):
+def test_a_rule_only_set_is_listed_as_not_recorded_for_other_rules(tmp_path):
     out = tmp_path / "rule-only"
     record(["--out", str(out), "--split", "test", "--problems", "0:6", "--concede-targets", "rule", *SIM_FLAGS])
-    rows, _, notes, _ = bench_import("headroom").rows_of(str(out), ["test"], repeats=1)
+    from bench.studies import headroom
+    rows, _, notes, _ = headroom.rows_of(str(out), ["test"], repeats=1)
     assert {row["rule"] for row in rows} == {"most_confident"}
     assert any("plurality: not recorded" in note for note in notes) and any("chosen: not recorded" in n for n in notes)
 
 
-def test_the_checking_tools_auroc_is_also_given_where_a_program_ran(bench_import):
+def test_the_checking_tools_auroc_is_also_given_where_a_program_ran():
     """A perfect check that runs on some answers only: over every answer its verdict mixes 'no program' with 'the
     program disagreed'; among the answers whose program ran it separates right from wrong exactly."""
     from deliberation_env.core import features
@@ -180,7 +182,8 @@ def test_the_checking_tools_auroc_is_also_given_where_a_program_ran(bench_import
     ran = rng.random((40, 3)) < 0.4
     rows[:, :, names.index("tool_ran")] = ran
     rows[:, :, names.index("tool_agrees")] = ran & right
-    table = {name: (value, n) for name, value, _, _, n in bench_import("headroom").verifier_table(
+    from bench.studies import headroom
+    table = {name: (value, n) for name, value, _, _, n in headroom.verifier_table(
         {"rows": rows, "correct0": right, "confidence": rng.random((40, 3))}, resamples=20)}
     assert table["tool_agrees where the tool ran"] == (1.0, int(ran.sum()))
     assert table["tool_agrees"][0] < 0.95 and table["tool_agrees"][1] == 120

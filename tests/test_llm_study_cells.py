@@ -50,8 +50,10 @@ class Written:
 
 
 @pytest.fixture
-def study(bench_import):
-    return bench_import("llm_study")
+def study():
+    from bench.studies import llm_study
+
+    return llm_study
 
 
 def cell_advantages(study, cell: str, script) -> dict[tuple[int, int, int], float]:

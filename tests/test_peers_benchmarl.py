@@ -170,7 +170,7 @@ def test_the_tree_task_is_a_batched_env_that_benchmarl_trains_on(benchmarl_modul
 
 
 @pytest.mark.benchmarl
-def test_the_sweep_trains_on_fit_and_writes_the_suites_external_rows(benchmarl_modules, tmp_path, bench_import,
+def test_the_sweep_trains_on_fit_and_writes_the_suites_external_rows(benchmarl_modules, tmp_path,
                                                                    monkeypatch):
     """bench/benchmark/peers_benchmarl.py on a small recorded set: one run of BenchMARL's MAPPO (its defaults, one
     batch of frames) trained on ``fit``, scored on validation and test, saved where benchmark_suite reads it."""
@@ -186,7 +186,8 @@ def test_the_sweep_trains_on_fit_and_writes_the_suites_external_rows(benchmarl_m
     for split, problems in (("train", "0:16"), ("test", "0:8")):
         record(["--out", str(tmp_path / "small"), "--split", split, "--problems", problems, "--chunk", "16", *SIM_FLAGS])
     cell = parse_cell(f"{tmp_path / 'small'}:v2")
-    sweep, suite = bench_import("peers_benchmarl"), bench_import("_suite")
+    from bench.benchmark import peers_benchmarl as sweep
+    from bench.common import suite
     flags = ["--algorithms", "mappo", "--seeds", "0", "--frames", "6000", "--cell", cell.name, "--out", str(tmp_path)]
     sweep.main(flags)
     paths = sweep.run_paths(str(tmp_path), cell, "mappo", 0)

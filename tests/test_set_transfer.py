@@ -1,5 +1,5 @@
 """bench/studies/set_transfer.py: a policy trained on one replay set plays another's test split; the in-domain rows are the
-benchmark's own training and play (``bench/_replay_rows.py``), and sets whose layouts differ are refused with the difference."""
+benchmark's own training and play (``bench/common/replay_rows.py``), and sets whose layouts differ are refused with the difference."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def sets(tmp_path_factory):
     return root
 
 
-def test_each_policy_plays_every_set_and_the_in_domain_row_is_the_benchmarks(sets, tmp_path, bench_import,
+def test_each_policy_plays_every_set_and_the_in_domain_row_is_the_benchmarks(sets, tmp_path,
                                                                             monkeypatch):
-    transfer = bench_import("set_transfer")
-    benchmark = bench_import("_replay_rows")
+    from bench.common import replay_rows as benchmark
+    from bench.studies import set_transfer as transfer
     trained, played = {}, []  # policy -> (set, seed) it trained on; (target set, that pair) per play
 
     def train_policy(dataset, algo, seed, args, run_dir=None):
@@ -67,11 +67,11 @@ def test_each_policy_plays_every_set_and_the_in_domain_row_is_the_benchmarks(set
     assert "| team | sft | homogeneous |" in (tmp_path / "transfer.md").read_text()
 
 
-def test_sets_of_different_layouts_are_refused_with_the_difference(sets, tmp_path, bench_import):
+def test_sets_of_different_layouts_are_refused_with_the_difference(sets, tmp_path):
     pair = tmp_path / "pair"
     flags = [f if f != "3" else "2" for f in SIM_FLAGS]  # --agents 2
     record(["--out", str(pair), "--split", "test", "--problems", "0:2", "--chunk", "2", *flags])
-    transfer = bench_import("set_transfer")
+    from bench.studies import set_transfer as transfer
     with pytest.raises(SystemExit, match="differ in layout"):
         transfer.main(["--sets", str(sets / "homogeneous"), str(pair), "--algos", "sft", "--seeds", "0",
                        "--episodes", "5", "--out", str(tmp_path / "x")])

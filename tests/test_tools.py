@@ -172,12 +172,12 @@ def test_a_checking_tool_runs_the_program_but_the_text_s_answer_stands():
 
 
 @pytest.mark.sandbox
-def test_the_check_tool_bench_counts_what_the_programs_of_a_recorded_set_print(tmp_path, bench_import, monkeypatch):
+def test_the_check_tool_bench_counts_what_the_programs_of_a_recorded_set_print(tmp_path, monkeypatch):
     BACKENDS.register("checked", Checked, overwrite=True)
     out = tmp_path / "checked"
     record(["--out", str(out), "--split", "test", "--problems", "0:4", "--streams", "1", "--rounds", "1",
             "--backend", "checked", "--task-option", "levels=[0,1]", "--agents", "3"])
-    script = bench_import("check_tool")
+    from bench.studies import check_tool as script
     _, found = script.solutions(script.ReplaySet(out), "test")
     sevens = sum("print(7)" in s["program"] for s in found)
     assert len(found) == 12 and 0 < sevens < 12  # both kinds of program were recorded

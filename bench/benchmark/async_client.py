@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
-from _results import RESULTS, Counting, save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import RESULTS, Counting, save_markdown
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import ArgumentParser

@@ -6,12 +6,15 @@ generations/s."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from _results import Counting
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import Counting
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import TransformersBackend

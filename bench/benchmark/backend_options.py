@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from _results import Counting, save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import Counting, save_markdown
 from deliberation_env.backends.base import Request
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import DTYPES, TransformersBackend

@@ -27,13 +27,17 @@ import argparse
 import glob
 import itertools
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, command_line
-from _suite import EXTERNAL, TRAINERS, choices, folder_name, headline, margins, read, train_and_score
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import GAMES, PROTOCOL_ROWS, interquartile_mean, parse_cell, protocol_scores, shipped_cells
+from bench.common.results import RESULTS, command_line
+from bench.common.suite import EXTERNAL, TRAINERS, choices, folder_name, headline, margins, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 

@@ -12,8 +12,12 @@ per second of replay (full env episodes: the env's own work is included).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
 from deliberation_env.backends.cache import CachedBackend

@@ -21,8 +21,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from _results import Counting, save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
+from bench.common.results import Counting, save_markdown
 from deliberation_env.backends.base import Backend, Request
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.tasks.arithmetic import ArithmeticTask

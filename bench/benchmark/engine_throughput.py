@@ -17,19 +17,23 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from _results import save_markdown
-from env_throughput import rounds_per_second
 from pettingzoo.classic import rps_v2
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.evaluation.evaluate import play_episodes
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import Policy, agent_layout
 from baselines.meta.train import main as train
 from baselines.meta.tree_rollout import policy_probabilities
+from bench.benchmark.env_throughput import rounds_per_second
+from bench.common.results import save_markdown
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.engine import TreeEnv, compile_tree, expected_scores
 from deliberation_env.make import replay_env

@@ -18,9 +18,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from pettingzoo.classic import rps_v2
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
 from deliberation_env.cli import ArgumentParser

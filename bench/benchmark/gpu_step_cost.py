@@ -20,11 +20,14 @@ Not measured here: the rollouts' sampling on the vLLM server and the adapter syn
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
-from _results import save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
+from bench.common.results import save_markdown
 from deliberation_env.cli import ArgumentParser
 
 ARCHITECTURES = {

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from _results import RESULTS, command_line
-from _suite import EXTERNAL, folder_name
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, parse_cell
+from bench.common.results import RESULTS, command_line
+from bench.common.suite import EXTERNAL, folder_name
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.replay.provenance import library_versions
 

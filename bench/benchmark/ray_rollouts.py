@@ -17,15 +17,19 @@ bench/results/ray_rollouts.md.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import ray
-from _results import save_markdown
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.meta.config import BaseConfig, make_env_fn
 from baselines.meta.distributed import RayCollector
 from baselines.meta.policy import Policy, agent_layout
 from baselines.meta.rollout import EpisodeSpec, sampling_key
+from bench.common.results import save_markdown
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.testing.servers import LoopbackServer
 

@@ -5,7 +5,7 @@
     python bench/benchmark/replay_benchmark.py --cell qwen05-arith-v2:v2 --algos          # protocols + analysis only
 
 The quick look beside ``benchmark_suite.py`` (the leaderboard: tuned, 10 seeds): each trainer with its defaults,
-trained on the cell's ``fit`` split per seed (``_suite.train_and_score``), and the fixed protocols and the oracle, all
+trained on the cell's ``fit`` split per seed (``suite.train_and_score``), and the fixed protocols and the oracle, all
 scored exactly on every test problem by ``baselines.benchmark`` (the best protocol chosen on validation; a learned
 row's interval the leaderboard's hierarchical bootstrap over training seeds and, paired, problems, here at 95%), with
 the trainers' pairwise differences. Each run's per-problem scores are kept under ``<out>/scores/`` (a run whose file
@@ -33,15 +33,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS
-from _suite import TRAINERS, train_and_score
-from _trees import feature_columns, headroom, pool_trees, tree_of
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, best_protocol, loaded, parse_cell, protocol_scores
 from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, headless_pyplot
+from bench.common.results import RESULTS
+from bench.common.suite import TRAINERS, train_and_score
+from bench.common.trees import feature_columns, headroom, pool_trees, tree_of
 from deliberation_env.analysis.metrics import auroc, clustered_auroc, hierarchical_bootstrap, paired_bootstrap
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.consensus import support

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import inspect
 import statistics
+import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.sandbox import available_isolation, describe_isolation

@@ -18,10 +18,13 @@ like-for-like comparison of the machinery is row 1 vs row 2. Saves bench/results
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import command_line, save_markdown
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
 from baselines.logger import read_metrics
@@ -29,6 +32,7 @@ from baselines.meta.policy import Policy, agent_layout
 from baselines.meta.rollout import EpisodeSpec, collect, sampling_key
 from baselines.meta.softrankpo import SoftRankPOConfig, train
 from baselines.runtime import seed_everything
+from bench.common.results import command_line, save_markdown
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.env import DeliberationEnv
 

@@ -16,10 +16,10 @@ import json
 import os
 from collections.abc import Sequence
 
-import _results
 import numpy as np
 
 from baselines.llm.checkpoint import current_names
+from bench.common import results as _results
 from deliberation_env.analysis.metrics import hierarchical_bootstrap, paired_bootstrap, wilson_interval
 
 CURVE_KEYS = ("accuracy", "reward_format", "completion_tokens", "flat_groups")

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, command_line, save_markdown
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
 from baselines.evaluation.evaluate import episode_seed, headless_pyplot, play_episodes
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
 from baselines.meta.softrankpo import SoftRankPOConfig, train
+from bench.common.results import RESULTS, command_line, save_markdown
 from deliberation_env import Action
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import make_protocol

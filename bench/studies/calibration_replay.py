@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
+from pathlib import Path
 
-from _results import save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
+from bench.common.results import save_markdown
 from deliberation_env.analysis.compare import replay_comparison
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.make import parallel_env

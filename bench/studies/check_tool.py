@@ -15,9 +15,12 @@ Writes results/check_tool_<set>.md.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
-from _results import save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
+from bench.common.results import save_markdown
 from deliberation_env.analysis.metrics import clustered_auroc, wilson_interval
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.tools import OUTPUT_CHARS, program_of

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from _results import RESULTS, Counting, command_line, save_markdown
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import RESULTS, Counting, command_line, save_markdown
 from deliberation_env.analysis.metrics import auroc
 from deliberation_env.backends.base import Request
 from deliberation_env.backends.cache import CachedBackend

@@ -24,12 +24,16 @@ Writes bench/results/headroom.md and headroom.csv.
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS
-from _trees import best_constant, feature_columns, headroom, pool_trees, role_groups, tree_of
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
+
+from bench.common.results import RESULTS
+from bench.common.trees import best_constant, feature_columns, headroom, pool_trees, role_groups, tree_of
 from deliberation_env.analysis.metrics import clustered_auroc, paired_bootstrap
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core import features

@@ -23,13 +23,17 @@ import argparse
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
 from deliberation_env.cli import ArgumentParser, backend_settings
 from deliberation_env.core.actions import Action
 from deliberation_env.tasks.base import short_rationale

@@ -20,13 +20,16 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
-from _results import RESULTS, command_line, write_report
-from _suite import choices, folder_name, read, train_and_score
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, parse_cell
 from baselines.meta.policy import load_policy
+from bench.common.results import RESULTS, command_line, write_report
+from bench.common.suite import choices, folder_name, read, train_and_score
 from deliberation_env.cli import ArgumentParser
 
 SUITE = os.path.join(RESULTS, "benchmark_suite")

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
-from _results import RESULTS, command_line
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.evaluation.evaluate import (
     play_records,
@@ -27,6 +29,7 @@ from baselines.evaluation.evaluate import (
 )
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.softrankpo import SoftRankPOConfig, train
+from bench.common.results import RESULTS, command_line
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.protocols import PROTOCOLS, make_protocol, plays_team, protocol_agents
 

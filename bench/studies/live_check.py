@@ -21,7 +21,7 @@ server: bench/record/llama_server.sh). Each finished chunk is written to its CSV
 ``--commit``); a rerun skips finished chunks and the SQLite cache keeps an interrupted chunk's completions.
 
 ``plan --amend`` adds, in ``live_check/amendment/``, the row the leaderboard headlines when it is not a row of the
-first plan (chosen on validation across cells after that plan was made: ``_suite.headline``), with its cell's best
+first plan (chosen on validation across cells after that plan was made: ``suite.headline``), with its cell's best
 protocol, on the same problems; ``run --amendment`` plays it (the same cache answers the round-0 requests the two
 games share) and ``report`` gives its table below the first.
 
@@ -41,15 +41,18 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, command_line, write_report
-from _suite import choices, folder_name, headline, read
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, loaded, parse_cell, shipped_cells
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
+from bench.common.results import RESULTS, command_line, write_report
+from bench.common.suite import choices, folder_name, headline, read
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.env import DeliberationEnv

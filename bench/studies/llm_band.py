@@ -24,11 +24,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from _results import RESULTS, save_markdown, wilson_interval
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import RESULTS, save_markdown, wilson_interval
 from deliberation_env.backends.base import Backend, Request
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.testing.llama_server import llama_server

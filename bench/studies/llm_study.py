@@ -74,18 +74,21 @@ import json
 import multiprocessing
 import os
 import subprocess
+import sys
 import time
 import traceback
 from dataclasses import asdict
+from pathlib import Path
 
-import _results
-from _llm_study_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.llm.config import LLMTrainConfig
 from baselines.llm.evaluation import evaluate_team
 from baselines.llm.policy import team_backends
 from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
+from bench.common import results as _results
+from bench.studies._llm_study_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
 from deliberation_env.cli import ArgumentParser, field_docs
 from deliberation_env.tasks.jigsaw import LEVELS as JIGSAW_LEVELS
 

@@ -21,14 +21,17 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from _results import RESULTS, command_line, write_report
-from _suite import choices, read, train_and_score
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, parse_cell
 from baselines.meta.policy import load_policy
+from bench.common.results import RESULTS, command_line, write_report
+from bench.common.suite import choices, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 

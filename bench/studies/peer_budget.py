@@ -16,12 +16,16 @@ not run again. Nothing here chooses a leaderboard row.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, command_line
-from _suite import EXTERNAL, TRAINERS, external_frames, final_tests, folder_name, read, train_and_score
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, parse_cell
+from bench.common.results import RESULTS, command_line
+from bench.common.suite import EXTERNAL, TRAINERS, external_frames, final_tests, folder_name, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 

@@ -31,18 +31,22 @@ import contextlib
 import csv
 import json
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import RESULTS, command_line, save_markdown, wilson_interval
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
 from baselines.evaluation.evaluate import ACTION_NAMES, episode_seed, headless_pyplot, play_episodes
 from baselines.meta.evaluate import PolicyActor
+from bench.common.results import RESULTS, command_line, save_markdown, wilson_interval
 from deliberation_env.analysis.traces import TraceWriter
 from deliberation_env.backends.cache import cache_key
 from deliberation_env.cli import ArgumentParser

@@ -29,10 +29,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
-from _results import command_line, write_report
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
+from bench.common.results import command_line, write_report
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.make import parallel_env

@@ -26,16 +26,20 @@ import argparse
 import csv
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _replay_rows import play_rows
-from _results import RESULTS, command_line, wilson_interval
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
 from baselines.meta.train import config_class, run
+from bench.common.replay_rows import play_rows
+from bench.common.results import RESULTS, command_line, wilson_interval
 from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
 from deliberation_env.core.features import FEATURE_SETS

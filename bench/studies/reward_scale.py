@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, command_line, save_markdown
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
+
+from bench.common.results import RESULTS, command_line, save_markdown
 from deliberation_env.cli import ArgumentParser
 
 SCALES = (0.1, 1.0, 10.0)

@@ -17,15 +17,19 @@ problems), and the difference to the target's best fixed protocol (chosen on its
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _replay_rows import options, play_rows, protocol_rows, train_policy
-from _results import RESULTS
-from _suite import TRAINERS
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import PROTOCOL_ROWS
 from baselines.meta.evaluate import PolicyActor
+from bench.common.replay_rows import options, play_rows, protocol_rows, train_policy
+from bench.common.results import RESULTS
+from bench.common.suite import TRAINERS
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction
 from deliberation_env.core import features

@@ -25,13 +25,17 @@ import ast
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
+from bench.common.results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
 from deliberation_env.analysis.metrics import bootstrap_interval
 from deliberation_env.cli import ArgumentParser, backend_settings
 from deliberation_env.core.consensus import plurality

@@ -13,12 +13,16 @@ paired, problems) and the difference between the sides. Writes bench/results/tem
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, command_line, write_report
-from _suite import choices, read
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import loaded, parse_cell
+from bench.common.results import RESULTS, command_line, write_report
+from bench.common.suite import choices, read
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.options import make_task

@@ -1,9 +1,9 @@
 """What the bench scripts share: the results folder, the command that reproduces a run, saving a
 Markdown table there, and a backend wrapper that counts what passes through it.
 
-The bench's shared helpers (this file, ``_trees.py``, ``_replay_rows.py``, ``_suite.py``) live in ``bench/``; each
-script folder (``benchmark/``, ``studies/``) holds a symbolic link to each, so that ``python bench/<folder>/<script>.py``
-imports them from the script's own folder, with no edit of ``sys.path``."""
+The bench is a package: its scripts import the shared helpers (this module, ``trees``, ``replay_rows``, ``suite``) as
+``bench.common.results``, ..., and a script run by its path (``python bench/<folder>/<script>.py``, from the repository's
+root or its own folder) first puts the repository's root on ``sys.path`` (its one bootstrap line)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 
 from deliberation_env.analysis.metrics import wilson_interval  # noqa: F401 - re-exported for the bench scripts
 
-BENCH = os.path.dirname(os.path.realpath(__file__))
-"""``bench/`` itself, also when imported through a script folder's link."""
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""``bench/`` itself."""
 RESULTS = os.path.join(BENCH, "results")
 
 

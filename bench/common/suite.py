@@ -2,7 +2,7 @@
 (``bench/studies/machine_spread.py``, ``template_overlap.py``, ``live_check.py``, ``peer_budget.py``): one training run
 trained on ``fit`` and scored, a cell's folder read back, and what validation chooses in it.
 
-Every bench folder reaches it (see ``bench/_results.py``)."""
+The scripts import it as ``bench.common.suite``."""
 
 from __future__ import annotations
 

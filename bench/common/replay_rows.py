@@ -3,7 +3,7 @@ playing an actor (a trained policy, a fixed protocol) on every problem of a spli
 
 Shared by ``bench/studies/set_transfer.py`` and ``bench/studies/replay_transfer.py``, which play policies episode by
 episode (live, or on another set's test split); the leaderboard's rows are scored exactly by ``baselines.benchmark``
-(every bench folder reaches it: see ``bench/_results.py``)."""
+(``bench.common``)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import os
 from collections import Counter
 
 import numpy as np
-from _suite import TRAINERS
 
 from baselines.benchmark import PROTOCOL_ROWS
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.train import config_class, run
+from bench.common.suite import TRAINERS
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import SPECS, make_protocol, protocol_agents
 from deliberation_env.replay import ReplaySet

@@ -1,0 +1,1 @@
+"""What users run and rerun: the leaderboard suites, the peers, the speed measurements."""

@@ -1,0 +1,1 @@
+"""The studies behind docs/results.md and the topic pages."""

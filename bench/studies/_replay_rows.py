@@ -1,1 +1,0 @@
-../_replay_rows.py
