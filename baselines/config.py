@@ -10,17 +10,20 @@ defaults (``tests/test_config_flags.py`` checks both).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from deliberation_env.cli import EnvFlags, field_of
-from deliberation_env.core.config import DeliberationConfig
+from deliberation_env.cli import EnvOptions, env_options, field_of
+from deliberation_env.core.config import DeliberationConfig, check_minimums
 
 
 @dataclass
-class TrainConfig(EnvFlags):
+class TrainConfig(EnvOptions):
     """Settings every trainer has: the deliberation and its env options (``max_tokens``, ``temperature``,
     ``env_options``), the run, the reward scale and discount, the optimiser, logging."""
 
+    max_tokens: int | None = field_of(DeliberationConfig, "max_tokens", None)
+    temperature: float | None = field_of(DeliberationConfig, "temperature", None)
     task: str = "arithmetic"
     """deliberation_env task (a meta trainer given an env_fn for another environment ignores it)."""
     num_agents: int = field_of(DeliberationConfig, "num_agents")
@@ -39,18 +42,25 @@ class TrainConfig(EnvFlags):
     times the mean return of its child node's joint actions."""
     lr: float = 3e-3
     """Learning rate (Adam for the meta trainers, AdamW for the LLM trainers)."""
-    threads: int = 1
+    threads: int = field(default=1, metadata={"minimum": 1})
     """torch CPU threads (1 is fastest on a loaded small CPU)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True
     """Also write TensorBoard event files (when tensorboard is installed)."""
 
+    def env_keywords(self, split: str) -> dict[str, Any]:
+        """The env keywords of the deliberation this config trains on, for ``parallel_env`` and ``text_env`` alike:
+        the task, the team, the split, then the env options (``cli.env_options``: ``--env-option``s, the sampling
+        settings given)."""
+        return {"task": self.task, "num_agents": self.num_agents, "max_rounds": self.max_rounds, "split": split,
+                **env_options(self)}
+
     def validate(self) -> None:
-        """Raise ValueError on inconsistent shared settings (subclasses check their own, then call this)."""
-        for name in ("num_agents", "max_rounds", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        """Raise ValueError on inconsistent shared settings (subclasses check their own, then call this). A field
+        that declares its minimum (``num_agents``, ``max_rounds``, ``max_tokens``, ``threads``, ...) is checked by
+        ``check_minimums``, the env's own check."""
+        check_minimums(self)
         if self.reward_scale <= 0:
             raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
         if not 0.0 <= self.gamma <= 1.0:

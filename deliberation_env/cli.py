@@ -22,7 +22,8 @@ traceback.
 
 Flags from dataclasses: ``add_config_arguments(parser, Config)`` makes one ``--flag`` per field, its help text
 the field's docstring; ``config_from_args(Config, args)`` reads them back. The backend flags are built so
-(``BackendSettings``, ``EnvFlags``), and so are the trainers' configs (``baselines.config``).
+(``BackendSettings``; the sampling settings that go with them from their declaration, ``add_env_arguments``; the
+free-form ``--env-option``, ``EnvOptions``), and so are the trainers' configs (``baselines.config``).
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def _field_type(annotation: Any) -> tuple[Any, bool]:
     """(type without ``None``, optional?) of a field annotation such as ``int``, ``str | None``, ``list[str]``."""
     if isinstance(annotation, str):
-        annotation = eval(annotation, {"typing": typing, "Any": Any})  # annotations are postponed strings here
+        annotation = eval(annotation, {"typing": typing, "Any": Any, "Sequence": Sequence, "Mapping": Mapping})
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         return next(a for a in typing.get_args(annotation) if a is not type(None)), True
     return annotation, False
@@ -216,7 +217,7 @@ def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     ``overrides[name]`` adds keywords known only when the parser is built (choices, defaults, aliases). A field that
     is also a ``DeliberationConfig`` field and defaults to None means "the env's own": its help names the env's default.
     """
-    docs = field_docs(cls)
+    docs = {**_declared_docs(cls), **field_docs(cls)}
     for f in fields(cls):
         if f.name in skip:
             continue
@@ -256,6 +257,15 @@ def field_of(cls: type, name: str, default: Any = MISSING, **metadata: Any) -> A
     return field(default=declared.default if default is MISSING else default, metadata={**declared.metadata, **metadata})
 
 
+def _declared_docs(cls: type) -> dict[str, str]:
+    """The ``DeliberationConfig`` docstrings of ``cls``'s fields that are env settings: the help of a field that takes
+    its declaration (``field_of``) without saying more."""
+    from deliberation_env.core.config import DeliberationConfig
+
+    names = {f.name for f in fields(cls)}
+    return {name: doc for name, doc in field_docs(DeliberationConfig).items() if name in names}
+
+
 def _shown_default(name: str, default: Any) -> Any:
     """A flag's default for its help: None on a ``DeliberationConfig`` field is the env's own default."""
     from deliberation_env.core.config import DeliberationConfig
@@ -278,7 +288,8 @@ def add_env_arguments(parser: argparse.ArgumentParser | Any, names: Sequence[str
         raise ValueError(f"{sorted(unknown)} are no DeliberationConfig fields")
     overrides: dict[str, dict[str, Any]] = {name: {"default": (defaults or {}).get(name)} for name in names}
     for name, names_of in (aliases or {}).items():
-        overrides[name]["aliases"] = tuple(names_of)
+        if name in overrides:  # a program may pass every old spelling it knows (``OLD_TEAM_FLAGS``)
+            overrides[name]["aliases"] = tuple(names_of)
     add_config_arguments(parser, DeliberationConfig, skip=[f.name for f in fields(DeliberationConfig)
                                                            if f.name not in names], overrides=overrides)
 
@@ -383,28 +394,34 @@ def check_reachable(urls: Sequence[str], timeout: float = 5.0) -> None:
 
 
 @dataclass
-class EnvFlags:
-    """The env options that go with the backend flags (``env_options`` reads them off parsed flags)."""
+class EnvOptions:
+    """The free-form env options flag that goes with the backend flags (the named settings' flags come from their
+    declaration: ``add_env_arguments``)."""
 
-    max_tokens: int | None = field(default=None, metadata={"minimum": 1})
-    """Tokens per solution or refinement (the env's max_tokens)."""
-    temperature: float | None = field(default=None, metadata={"argparse": {"type": nonnegative_float}})
-    """Sampling temperature of solutions and refinements (the env's temperature)."""
     env_options: dict[str, Any] = field(default_factory=dict)
     """Any other env option, e.g. critic_max_tokens=8, early_stop=True, confidence=critic_text."""
 
 
+SAMPLING_FLAGS = ("max_tokens", "temperature")
+"""The env settings whose flags go with the backend flags (``add_backend_arguments``)."""
+TEAM_FLAGS = ("num_agents", "max_rounds")
+"""The env settings of a program's team: its size and its rounds (``--num-agents``, ``--max-rounds``)."""
+OLD_TEAM_FLAGS = {"num_agents": ("--agents",), "max_rounds": ("--rounds",)}
+"""The old spellings of ``TEAM_FLAGS``, still accepted with a warning (``add_env_arguments``' ``aliases``)."""
+
+
 def add_backend_arguments(parser: argparse.ArgumentParser | Any, backend_default: str = "sim") -> None:
-    """The backend flags (``BackendSettings``, ``EnvFlags``) on ``parser`` (or an argument group); ``--backend``
-    takes the names registered in ``deliberation_env.BACKENDS`` when the parser is built."""
+    """The backend flags (``BackendSettings``, ``SAMPLING_FLAGS``, ``EnvOptions``) on ``parser`` (or an argument
+    group); ``--backend`` takes the names registered in ``deliberation_env.BACKENDS`` when the parser is built."""
     from deliberation_env.registry import BACKENDS
 
     add_config_arguments(parser, BackendSettings,
                          overrides={"backend": {"default": backend_default, "choices": BACKENDS.names()}})
-    add_config_arguments(parser, EnvFlags)
+    add_env_arguments(parser, SAMPLING_FLAGS)
+    add_config_arguments(parser, EnvOptions)
 
 
-BACKEND_FLAGS = tuple(f.name for flags in (BackendSettings, EnvFlags) for f in fields(flags))
+BACKEND_FLAGS = (*(f.name for f in fields(BackendSettings)), *SAMPLING_FLAGS, *(f.name for f in fields(EnvOptions)))
 """The ``argparse`` destinations that ``add_backend_arguments`` defines."""
 
 
@@ -416,11 +433,8 @@ def backend_settings(args: Any) -> BackendSettings:
 
 
 def env_options(args: Any) -> dict[str, Any]:
-    """The env options among the flags: ``--env-option``s, then ``max_tokens`` and ``temperature`` when given."""
-    options = dict(getattr(args, "env_options", None) or {})
-    options.update({name: getattr(args, name) for name in ("max_tokens", "temperature")
-                    if getattr(args, name, None) is not None})
-    return options
+    """The env options among the flags: ``--env-option``s, then the ``SAMPLING_FLAGS`` given."""
+    return {**(getattr(args, "env_options", None) or {}), **env_arguments(args, SAMPLING_FLAGS)}
 
 
 def cache_report(backend: Any) -> str | None:
@@ -429,3 +443,11 @@ def cache_report(backend: Any) -> str | None:
     if stats is None or not hasattr(backend, "path"):
         return None
     return f"cache {backend.path}: {stats.hits} hits, {stats.misses} misses"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EnvFlags":
+        raise AttributeError("deliberation_env.cli.EnvFlags is gone: the sampling flags come from their declaration "
+                             "(add_env_arguments(parser, SAMPLING_FLAGS)), --env-option from EnvOptions; "
+                             "add_backend_arguments adds all three")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

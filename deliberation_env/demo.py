@@ -14,6 +14,8 @@ import textwrap
 
 import deliberation_env
 from deliberation_env.cli import (
+    OLD_TEAM_FLAGS,
+    TEAM_FLAGS,
     ArgumentParser,
     add_backend_arguments,
     add_env_arguments,
@@ -30,8 +32,6 @@ from deliberation_env.protocols import PROTOCOLS, FixedProtocol, make_protocol
 
 PROG = "python -m deliberation_env.demo"
 
-TEAM_FLAGS = ("num_agents", "max_rounds")
-"""The env settings whose flags come from ``DeliberationConfig``'s declaration."""
 POLICY_ALIASES = {"persist": "self_consistency", "refine": "debate"}
 """The demo's older policy names, still accepted: each names the fixed protocol it always was."""
 POLICIES = (*PROTOCOLS, *POLICY_ALIASES)
@@ -49,7 +49,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--data-dir", default=None, help="benchmark data folder (else $DELIBERATION_ENV_DATA)")
     parser.add_argument("--episodes", type=positive_int, default=3)
     # --agents and --rounds are their old names, still accepted with a warning
-    add_env_arguments(parser, TEAM_FLAGS, aliases={"num_agents": ("--agents",), "max_rounds": ("--rounds",)})
+    add_env_arguments(parser, TEAM_FLAGS, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--policy", choices=POLICIES, default="random", metavar="POLICY",
                         help=f"a fixed protocol: {', '.join(PROTOCOLS)} (persist and refine are older names of "
                              "self_consistency and debate; default: random)")

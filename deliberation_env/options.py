@@ -38,13 +38,18 @@ from deliberation_env.tasks.base import Task
 DEFAULT_TASK = "arithmetic"
 """The task of an env that names none (and plays no replay set)."""
 INVALID_ACTION_MODES = ("raise", "persist")
+"""What an env does with a masked action: raise, or play it as PERSIST (the default)."""
 FORMAT_KEYWORDS = ("observation", "action_mask", "action_mask_key", "observation_key", "infos")
+"""The keywords of the ``ObservationFormat``: how an agent's observation and infos are laid out."""
 CONFIG_KEYWORDS = tuple(f.name for f in fields(DeliberationConfig))
 FLAT_KEYWORDS = ("num_agents", "max_rounds", "max_cycles", "data_dir", "task_kwargs", "backend_kwargs", "cache",
                  *FORMAT_KEYWORDS)
 """The flat keywords that are no parameter of ``DeliberationEnv`` (besides ``DeliberationConfig``'s fields)."""
 WRAPPER_KEYWORDS = ("trace", "trace_label")
 """Keywords of ``parallel_env`` that wrap the env (``analysis.traces.TraceWrapper``)."""
+PRESENTATION_KEYWORDS = (*FORMAT_KEYWORDS, "invalid_action", *WRAPPER_KEYWORDS, "render_mode")
+"""Env keywords that change how a game is shown and played out, not the game: the observation's layout, what a masked
+action does, traces, rendering (the compiled engine leaves them out of a tree and its cache key)."""
 _TASK_METHODS = ("problems", "extract_answer", "grade", "solve_messages", "refine_messages", "critic_messages")
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from deliberation_env.cli import (
+    OLD_TEAM_FLAGS,
+    TEAM_FLAGS,
     ArgumentParser,
     KeyValueAction,
     UserError,
@@ -48,8 +50,11 @@ from deliberation_env.replay.provenance import library_versions, sampling_of, we
 from deliberation_env.replay.recorder import PartialFile, TreeRecorder, unrecorded
 from deliberation_env.replay.stats import round0_accuracy
 
-TEAM_FLAGS = ("num_agents", "max_rounds")
-"""The env settings whose flags come from ``DeliberationConfig``'s declaration."""
+RECORD_FLAGS = (*TEAM_FLAGS, "confidence", "streams")
+"""The env settings a recording is made with, their flags from ``DeliberationConfig``'s declaration."""
+RECORD_DEFAULTS = {"max_rounds": 1, "confidence": "critic_text", "streams": 1}
+"""A recording's own defaults: one round (it walks every joint action), the confidence source servers without
+log-probabilities can record (``replay_env()`` uses it by default), one sample stream per problem."""
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -64,12 +69,7 @@ def parse_args(argv: list[str] | None) -> Any:
     parser.add_argument("--problems", default=None, metavar="START:END",
                         help="positions in the split to record (default: all)")
     parser.add_argument("--problem-ids", nargs="+", default=None, metavar="ID", help="record these problems instead")
-    parser.add_argument("--streams", type=positive_int, default=1, help="sample streams per problem (default 1)")
-    # --agents and --rounds are their old names, still accepted with a warning; a recording's rounds default to 1
-    add_env_arguments(parser, TEAM_FLAGS, defaults={"max_rounds": 1},
-                      aliases={"num_agents": ("--agents",), "max_rounds": ("--rounds",)})
-    parser.add_argument("--confidence", default="critic_text", choices=CONFIDENCE_SOURCES,
-                        help="the confidence source replay_env() uses by default")
+    add_env_arguments(parser, RECORD_FLAGS, defaults=RECORD_DEFAULTS, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--sources", nargs="+", default=list(CONFIDENCE_SOURCES), choices=CONFIDENCE_SOURCES,
                         help="confidence sources whose trees are recorded (default: all; they share most requests)")
     parser.add_argument("--branch-limit", type=positive_int, default=None, metavar="K",
@@ -206,8 +206,8 @@ def fresh_card(args: Any, out: Path, task: Any, config: DeliberationConfig, chos
     """The card this command would write for a new set (the model is filled in once it is loaded)."""
     return ReplayCard(name=args.name or out.resolve().name, model="", backend="",
                       task=task.name, task_kwargs=dict(args.task_options), settings=settings_of(config),
-                      rounds=config.max_rounds, confidence=args.confidence, confidence_sources=list(args.sources),
-                      streams=args.streams, prompt_fingerprint=prompt_fingerprint(task),
+                      rounds=config.max_rounds, confidence=config.confidence, confidence_sources=list(args.sources),
+                      streams=config.streams or 1, prompt_fingerprint=prompt_fingerprint(task),
                       partial=args.branch_limit is not None and config.max_rounds > 1, branch_limit=args.branch_limit,
                       concede_targets=args.concede_targets, sampling=sampling_of(task, config, chosen[0][1]),
                       versions=library_versions())
@@ -291,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = list(task.problems(args.split))
     chosen = selected(problems, args)
     with user_input("env settings"):
-        config = DeliberationConfig(**env_arguments(args, TEAM_FLAGS), confidence=args.confidence,
-                                    streams=args.streams, **env_options(args))
+        config = DeliberationConfig(**env_arguments(args, RECORD_FLAGS), **env_options(args))
     out = Path(args.out)
     card_path = out / "card.json"
     with user_input("--out"):

@@ -42,7 +42,7 @@ def fleet():
 
 def _requests(episodes: int, per_episode: int = 3, round_: int = 0) -> list[Request]:
     return [Request((Message("system", f"Problem {e}: what is {e} + {e}?"), Message("user", f"ep{e} r{round_} a{a}")),
-                    "solve", a, 1000 * e + a, max_tokens=8, episode=e)
+                    "solve", a, 1000 * e + a, max_tokens=8, temperature=0.7, episode=e)
             for e in range(episodes) for a in range(per_episode)]
 
 

@@ -18,7 +18,7 @@ from deliberation_env.testing.echo import EchoBackend
 cache = CachedBackend(EchoBackend(), sys.argv[1])
 start, count = int(sys.argv[2]), int(sys.argv[3])
 for seed in range(start, start + count):
-    cache.generate([Request((Message("user", "q"),), "solve", 0, seed)])
+    cache.generate([Request((Message("user", "q"),), "solve", 0, seed, 64, 0.7)])
     print(seed, flush=True)
 """
 

@@ -24,7 +24,7 @@ SURROGATES = "lone \ud800 high, \udfff low, \ud83d\ude00 a pair"
 
 
 def _requests(seeds, content: str = "q") -> list[Request]:
-    return [Request((Message("user", content),), "solve", 0, seed) for seed in seeds]
+    return [Request((Message("user", content),), "solve", 0, seed, 64, 0.7) for seed in seeds]
 
 
 def _old_request_key(identity: str, request: Request) -> str:
@@ -131,9 +131,9 @@ from deliberation_env.backends.cache import CachedBackend, CacheError
 from deliberation_env.testing.echo import EchoBackend
 
 cache = CachedBackend(EchoBackend(), sys.argv[1])
-print([c.text for c in cache.generate([Request((Message("user", "q"),), "solve", 0, s) for s in range(3)])])
+print([c.text for c in cache.generate([Request((Message("user", "q"),), "solve", 0, s, 64, 0.7) for s in range(3)])])
 try:
-    cache.generate([Request((Message("user", "q"),), "solve", 0, 99)])
+    cache.generate([Request((Message("user", "q"),), "solve", 0, 99, 64, 0.7)])
 except CacheError as error:
     print("refused:", error)
 """
@@ -167,7 +167,7 @@ OLD_SCHEMA = """CREATE TABLE completions (key TEXT PRIMARY KEY, text TEXT NOT NU
 
 def test_token_logprobs_replay_and_files_without_their_column(tmp_path):
     old = tmp_path / "old.sqlite"
-    request = Request((Message("user", "q"),), "solve", 0, 1, token_logprobs=True)
+    request = Request((Message("user", "q"),), "solve", 0, 1, 64, 0.7, token_logprobs=True)
     with sqlite3.connect(old) as conn:  # a cache written before Completion.token_logprobs existed
         conn.execute(OLD_SCHEMA)
         conn.execute("INSERT INTO completions VALUES (?, 'old answer', 3, 2, NULL, 'stop', 0)",

@@ -241,7 +241,7 @@ def test_every_token_logprobs_when_asked(serve):
     tokens = [{"token": "The", "logprob": -0.1, "top_logprobs": []}, {"token": " answer", "logprob": -0.25},
               {"token": " is 4", "logprob": 0.0}]
     good = serve(_json(200, _reply("The answer is 4", logprobs={"content": tokens})))
-    request = Request((Message("user", "2 + 2?"),), "solve", 0, 1, token_logprobs=True)
+    request = Request((Message("user", "2 + 2?"),), "solve", 0, 1, 64, 0.7, token_logprobs=True)
     completion = OpenAICompatibleBackend(good.url, model="m").generate([request])[0]
     assert completion.token_logprobs == (("The", -0.1), (" answer", -0.25), (" is 4", 0.0))
     assert completion.top_logprobs is None

@@ -167,7 +167,7 @@ def test_the_grouper_sends_a_tool_s_requests_to_the_tool_unless_the_backend_answ
         answers_tools = True
 
     model, recorded = Model(), Recorded()
-    requests = [Request((Message("user", "2 + 3"),), kind, 0, 0) for kind in ("solve", "recompute", "critic")]
+    requests = [Request((Message("user", "2 + 3"),), kind, 0, 0, 64, 0.7) for kind in ("solve", "recompute", "critic")]
     assert [c.text for c in generate_by_backend(requests, [model] * 3)] == ["model", "5", "model"]
     assert [c.text for c in generate_by_backend(requests, [recorded] * 3)] == ["model"] * 3
     assert (model.kinds, recorded.kinds) == (["solve", "critic"], ["solve", "recompute", "critic"])

@@ -14,7 +14,7 @@ from baselines.config import TrainConfig
 from baselines.llm.config import LLMTrainConfig, text_env_kwargs
 from baselines.meta.config import BaseConfig
 from baselines.meta.train import ALGORITHMS, config_class
-from deliberation_env.cli import ArgumentParser, EnvFlags, add_env_arguments, env_arguments
+from deliberation_env.cli import SAMPLING_FLAGS, ArgumentParser, add_env_arguments, env_arguments
 from deliberation_env.core.config import DeliberationConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,10 +99,9 @@ def test_env_flags_come_from_the_declaration(capsys):
 
 
 # ------------------------------------------------------------------ the literal defaults live in one place
-KNOBS = {name: getattr(ENV, name) for name in ("num_agents", "max_rounds", "max_tokens", "critic_max_tokens")}
+KNOBS = {name: getattr(ENV, name) for name in ("num_agents", "max_rounds", "max_tokens", "critic_max_tokens",
+                                                "temperature")}
 OLD_NAMES = {"agents": "num_agents", "rounds": "max_rounds"}
-ALLOWED = {("deliberation_env/backends/base.py", "max_tokens")}
-"""``Request.max_tokens``: a request's own default, for requests built outside an env (the core always sets it)."""
 
 
 def literal_knobs(tree: ast.AST) -> list[tuple[str, int, int]]:
@@ -123,7 +122,7 @@ def literal_knobs(tree: ast.AST) -> list[tuple[str, int, int]]:
             pairs += [(flag, kw.value) for flag in flags[:1] for kw in node.keywords if kw.arg == "default"]
         for name, value in pairs:
             name = OLD_NAMES.get(name, name) if isinstance(name, str) else name
-            if name in KNOBS and isinstance(value, ast.Constant) and type(value.value) is int \
+            if name in KNOBS and isinstance(value, ast.Constant) and type(value.value) in (int, float) \
                     and value.value == KNOBS[name]:
                 found.append((name, value.value, node.lineno))
     return found
@@ -131,9 +130,10 @@ def literal_knobs(tree: ast.AST) -> list[tuple[str, int, int]]:
 
 def test_the_scan_finds_a_redeclared_default():
     tree = ast.parse('num_agents: int = 3\nf(max_rounds=3, max_tokens=64)\np.add_argument("--agents", default=3)\n'
-                     'x = {"critic_max_tokens": 48}\n')
+                     'x = {"critic_max_tokens": 48}\nmax_tokens: int = 512\ntemperature: float = 0.7\n')
     assert sorted((line, name) for name, _, line in literal_knobs(tree)) == [
-        (1, "num_agents"), (2, "max_rounds"), (3, "num_agents"), (4, "critic_max_tokens")]
+        (1, "num_agents"), (2, "max_rounds"), (3, "num_agents"), (4, "critic_max_tokens"), (5, "max_tokens"),
+        (6, "temperature")]
 
 
 def test_the_env_defaults_are_written_only_where_they_are_declared():
@@ -144,8 +144,40 @@ def test_the_env_defaults_are_written_only_where_they_are_declared():
             if relative == "deliberation_env/core/config.py":
                 continue
             found += [f"{relative}:{line}: {name}={value}" for name, value, line in literal_knobs(ast.parse(
-                path.read_text(encoding="utf-8"))) if (relative, name) not in ALLOWED]
+                path.read_text(encoding="utf-8")))]
     assert not found, "take these from DeliberationConfig (cli.add_env_arguments, cli.field_of):\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------ every env setting's flag from the declaration
+def hand_written_env_flags(tree: ast.AST) -> list[tuple[str, int]]:
+    """(flag, line) of each ``add_argument("--x", ...)`` whose flag names an env setting (a ``DeliberationConfig`` field,
+    or an old name of one): such a flag comes from ``cli.add_env_arguments``, with the declaration's type, minimum,
+    choices and help."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("--"):
+                    name = arg.value[2:].replace("-", "_")
+                    if OLD_NAMES.get(name, name) in ENV_FIELDS:
+                        found.append((arg.value, node.lineno))
+    return found
+
+
+def test_the_flag_scan_finds_a_hand_written_env_flag():
+    tree = ast.parse('p.add_argument("--rounds", type=int)\np.add_argument("--confidence", default="critic")\n'
+                     'p.add_argument("--seeds", type=int)\n')
+    assert hand_written_env_flags(tree) == [("--rounds", 1), ("--confidence", 2)]
+
+
+def test_every_env_setting_flag_comes_from_the_declaration():
+    """The package's programs and the bench's scripts alike."""
+    found = []
+    for folder in ("deliberation_env", "baselines", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            found += [f"{path.relative_to(ROOT).as_posix()}:{line}: {flag}"
+                      for flag, line in hand_written_env_flags(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, "take these flags from DeliberationConfig (cli.add_env_arguments):\n" + "\n".join(found)
 
 
 # ------------------------------------------------------------------ the config families share fields
@@ -190,7 +222,7 @@ def test_the_redeclaration_check_sees_a_redeclared_field():
 
 def test_the_trainers_env_fields_are_the_envs():
     assert (TrainConfig().num_agents, TrainConfig().max_rounds) == (ENV.num_agents, ENV.max_rounds)
-    assert {f.name for f in dataclasses.fields(EnvFlags)} <= {f.name for f in dataclasses.fields(LLMTrainConfig)}
+    assert {*SAMPLING_FLAGS, "env_options"} <= {f.name for f in dataclasses.fields(LLMTrainConfig)}
     # the LLM trainer's temperature is the env's, written down (its runs record it); its max_tokens is its own
     kwargs = text_env_kwargs(LLMTrainConfig(), "train")
     assert kwargs["temperature"] == ENV.temperature and kwargs["max_tokens"] == 64

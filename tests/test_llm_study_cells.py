@@ -121,4 +121,4 @@ def test_the_jigsaw_study_gives_each_agent_one_view_and_keeps_its_own_results(st
     arithmetic = study.cell_config(study.parse_args([]), "own-own", 0)
     assert arithmetic.task == "arithmetic" and "roles" not in arithmetic.env_options
     with pytest.raises(SystemExit):
-        study.parse_args(["--task", "jigsaw", "--agents", "4"])
+        study.parse_args(["--task", "jigsaw", "--num-agents", "4"])

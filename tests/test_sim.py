@@ -86,7 +86,7 @@ def test_sim_is_a_pure_function_of_the_request():
     backend = SimBackend()
     assert backend.generate(requests) == SimBackend().generate(requests)
     with pytest.raises(ValueError, match="SimContext"):
-        backend.generate([Request(messages=(), kind="solve", agent=0, seed=1)])
+        backend.generate([Request(messages=(), kind="solve", agent=0, seed=1, max_tokens=64, temperature=0.7)])
 
 
 def test_sim_config_validation_and_identity():

@@ -178,7 +178,7 @@ class LLMTrainConfig(TrainConfig):
             raise ValueError(f"--advantage {self.advantage} does not apply to --algo softrankpo (rank quantiles have no "
                              "baseline): use it with magrpo or grpo, or leave --advantage mean")
         self.completion_tokens()
-        for name in ("max_tokens", "problems_per_update", "epochs", "micro_batch", "eval_problems", "eval_seeds",
+        for name in ("problems_per_update", "epochs", "micro_batch", "eval_problems", "eval_seeds",
                      "generate_batch", "lora_rank", "max_tree_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -242,9 +242,7 @@ def text_env_kwargs(cfg: LLMTrainConfig, split: str) -> dict[str, Any]:
     task_options = dict(cfg.task_options)
     if isinstance(task_options.get("levels"), int):  # --task-option levels=0
         task_options["levels"] = (task_options["levels"],)
-    sampling = {name: getattr(cfg, name) for name in ("max_tokens", "temperature") if getattr(cfg, name) is not None}
-    return {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds, "split": split,
-            "task_kwargs": task_options, **sampling, **cfg.env_options}
+    return {"task_kwargs": task_options, **cfg.env_keywords(split)}
 
 
 def make_text_env(cfg: LLMTrainConfig, split: str = "train") -> Any:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselines.config import TrainConfig
-from deliberation_env.cli import BackendSettings, backend_settings, env_options
+from deliberation_env.cli import BackendSettings, backend_settings
 
 ENGINES = ("tree", "env")
 """How a replay set's episodes are played in training (``BaseConfig.engine``)."""
@@ -86,9 +86,7 @@ def env_kwargs(cfg: BaseConfig, split: str, backend: Any = None) -> dict[str, An
         card = replay.set.card if replay is not None else load_card(cfg.replay)
         kwargs: dict[str, Any] = {**env_settings(card), "split": split, "data_dir": cfg.data_dir}
         return {**kwargs, **token_weights(cfg.token_cost), **cfg.env_options}
-    kwargs = {"task": cfg.task, "num_agents": cfg.num_agents, "max_rounds": cfg.max_rounds,
-              "split": split, "data_dir": cfg.data_dir}
-    return {**kwargs, **token_weights(cfg.token_cost), **env_options(cfg)}
+    return {"data_dir": cfg.data_dir, **token_weights(cfg.token_cost), **cfg.env_keywords(split)}
 
 
 def token_weights(token_cost: float) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from baselines.meta.policy import Policy, load_checkpoint, load_policy
 from baselines.runtime import policy_threads
 from deliberation_env.backends.transformers import torch_threads
 from deliberation_env.cli import (
+    TEAM_FLAGS,
     ArgumentParser,
     add_backend_arguments,
     add_config_arguments,
@@ -59,9 +60,6 @@ from deliberation_env.cli import (
 from deliberation_env.protocols import PROTOCOLS, make_protocol, plays_team, protocol_agents
 from deliberation_env.replay import ReplayBackend, departures
 from deliberation_env.replay.backend import replay_backend
-
-TEAM_FLAGS = ("num_agents", "max_rounds")
-"""The env settings whose flags come from ``DeliberationConfig``'s declaration."""
 
 
 class PolicyActor:

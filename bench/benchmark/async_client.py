@@ -34,7 +34,7 @@ import deliberation_env
 from bench.common.results import RESULTS, Counting, save_markdown
 from deliberation_env.backends.base import Message, Request
 from deliberation_env.backends.openai import OpenAICompatibleBackend
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments
 from deliberation_env.testing.servers import LoopbackServer
 from deliberation_env.vector import Start, run_episodes
 
@@ -45,7 +45,7 @@ def fleet(n: int, latency: float, capacity: int) -> list[LoopbackServer]:
 
 def requests(count: int, start: int) -> list[Request]:
     return [Request((Message("user", f"Request {start + i}: what is {i} + {i}?"),), "solve", 0, start + i,
-                    max_tokens=16, episode=start + i) for i in range(count)]
+                    max_tokens=16, temperature=0.0, episode=start + i) for i in range(count)]
 
 
 def throughput(servers: list[LoopbackServer], sequential: int, levels: list[int]) -> list[tuple[str, int, float]]:
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=25, help="requests sent one at a time")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     parser.add_argument("--episodes", type=int, default=1000, help="concurrent episodes (3 agents each)")
-    parser.add_argument("--rounds", type=int, default=1, help="deliberation rounds per episode (after the solve)")
+    add_env_arguments(parser, ("max_rounds",), defaults={"max_rounds": 1}, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--episode-concurrency", type=int, default=64, help="concurrency for the episodes")
     parser.add_argument("--episode-replicas", type=int, nargs="+", default=[2, 4],
                         help="replica counts for the episodes (the same total server limit split among them)")
@@ -142,7 +142,7 @@ def main() -> None:
         servers = fleet(n, args.latency, args.replicas * args.capacity // n)
         try:
             for routing in ("sticky", "least_busy"):
-                runs[f"{n} replicas, {routing}"] = episodes(servers, args.episodes, args.rounds,
+                runs[f"{n} replicas, {routing}"] = episodes(servers, args.episodes, args.max_rounds,
                                                             args.episode_concurrency, routing)
         finally:
             for server in servers:
@@ -154,7 +154,7 @@ def main() -> None:
     at64 = next((rate for name, _, rate in rows if name == "concurrency 64"), None)
     if at64 is not None:
         lines += ["", f"**concurrency 64 / sequential: {at64 / base:.1f}x** (target >= 50x)"]
-    lines += ["", f"{args.episodes} concurrent episodes (3 agents, {args.rounds} round(s) after the solve, every agent "
+    lines += ["", f"{args.episodes} concurrent episodes (3 agents, {args.max_rounds} round(s) after the solve, every agent "
               f"REFINEs; arithmetic prompts; concurrency {args.episode_concurrency}; server limit "
               f"{args.replicas * args.capacity} in flight split among the replicas):", "",
               "| replicas, routing | wall s | requests asked | completions | answered on the servers (distinct ids) | "

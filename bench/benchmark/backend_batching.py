@@ -18,7 +18,7 @@ from bench.common.results import Counting
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import TransformersBackend
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments, env_arguments
 from deliberation_env.vector import run_batched
 
 
@@ -32,6 +32,9 @@ class OneAtATime:
     def generate(self, requests):
         return [self.inner.generate([r])[0] for r in requests]
 
+SETTINGS = ("max_rounds", "max_tokens")
+"""The env settings this measurement takes flags for."""
+
 
 def policy(index, observations):
     return {agent: 1 for agent in observations}
@@ -39,8 +42,8 @@ def policy(index, observations):
 
 def run(backend, episodes, args, across: bool) -> float:
     counter = Counting(backend)
-    envs = [deliberation_env.parallel_env(task="arithmetic", backend=counter, split="test", max_rounds=args.rounds,
-                                          max_tokens=args.max_tokens, critic_max_tokens=8) for _ in range(episodes)]
+    envs = [deliberation_env.parallel_env(task="arithmetic", backend=counter, split="test", critic_max_tokens=8,
+                                          **env_arguments(args, SETTINGS)) for _ in range(episodes)]
     start = time.perf_counter()
     if across:
         run_batched(envs, policy, list(range(episodes)))
@@ -53,8 +56,7 @@ def run(backend, episodes, args, across: bool) -> float:
 def main() -> None:
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    add_env_arguments(parser, SETTINGS, defaults={"max_rounds": 1, "max_tokens": 32}, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--converted-cache-dir", default=tempfile.gettempdir() + "/deliberation_env_converted")
@@ -77,8 +79,8 @@ def main() -> None:
     print(f"(c) with generate():        {c_generate:7.1f} tok/s  ({c_generate / a:.2f}x a)")
     with tempfile.TemporaryDirectory() as tmp:
         cache = CachedBackend(backend, tmp + "/bench.sqlite")
-        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, split="test", max_rounds=args.rounds,
-                                              max_tokens=args.max_tokens, critic_max_tokens=8) for _ in range(args.episodes)]
+        envs = [deliberation_env.parallel_env(task="arithmetic", backend=cache, split="test", critic_max_tokens=8,
+                                              **env_arguments(args, SETTINGS)) for _ in range(args.episodes)]
         run_batched(envs, policy, list(range(args.episodes)))
         misses = cache.stats.misses
         start = time.perf_counter()

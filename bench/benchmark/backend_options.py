@@ -29,7 +29,7 @@ from bench.common.results import Counting, save_markdown
 from deliberation_env.backends.base import Request
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import DTYPES, TransformersBackend
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import ArgumentParser, add_env_arguments
 from deliberation_env.registry import TASKS
 from deliberation_env.vector import run_batched
 
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2, help="GRPO rollout: distinct problems")
     parser.add_argument("--group", type=int, default=8, help="GRPO rollout: samples per problem")
     parser.add_argument("--episodes", type=int, default=4, help="debate round: envs batched together")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    add_env_arguments(parser, ("max_tokens",), defaults={"max_tokens": 64})
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))

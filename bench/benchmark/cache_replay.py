@@ -21,7 +21,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 
 import deliberation_env
 from deliberation_env.backends.cache import CachedBackend
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments
 from deliberation_env.vector import run_batched
 
 
@@ -62,12 +62,12 @@ def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("sim", "smollm2"), default="sim", help="what fills the cache")
     parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    add_env_arguments(parser, ("max_rounds", "max_tokens"), defaults={"max_rounds": 1, "max_tokens": 32},
+                      aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args()
     print("config:", vars(args))
-    rate, replays = replay_rate(make_backend(args.backend), args.episodes, args.rounds, args.max_tokens, args.seconds)
+    rate, replays = replay_rate(make_backend(args.backend), args.episodes, args.max_rounds, args.max_tokens, args.seconds)
     print(f"cache replay (full env episodes, all hits): {rate:,.0f} generations/s over {replays} replays")
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
-from bench.common.results import Counting, save_markdown
+from bench.common.results import Counting, flag_settings, save_markdown
 from deliberation_env.backends.base import Backend, Request
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import SAMPLING_FLAGS, ArgumentParser, add_env_arguments
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 from deliberation_env.testing.llama_server import llama_server
 
@@ -68,7 +68,7 @@ def time_env(name: str, backend: Backend, args: argparse.Namespace) -> dict:
         # critic_text: the critics state their confidence in words (the server runs without log-probabilities)
         return deliberation_env.parallel_env(task="arithmetic", backend=counted, split="test", num_agents=3, max_rounds=1,
                                              confidence="critic_text",
-                                             max_tokens=args.max_tokens, task_kwargs={"levels": tuple(args.levels),
+                                             max_tokens=args.max_tokens, temperature=args.temperature, task_kwargs={"levels": tuple(args.levels),
                                                                                       "prompt": args.prompt})
 
     began = time.perf_counter()
@@ -111,8 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", required=True, help="the GGUF model file (both paths load it)")
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    add_env_arguments(parser, SAMPLING_FLAGS, defaults={"max_tokens": 128})
     parser.add_argument("--levels", nargs="+", type=int, default=[0, 1, 2], help="arithmetic levels of the problems")
     parser.add_argument("--prompt", default="no_code", help="arithmetic prompt style")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp server threads and torch threads")
@@ -124,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--converted-cache-dir", default=os.path.join(tempfile.gettempdir(), "deliberation_env_converted"))
     parser.add_argument("--out", default="cpu_paths", help="results file stem under bench/results/")
     args = parser.parse_args(argv)
+    settings = flag_settings(parser, args, SAMPLING_FLAGS)  # the requests sample as the env would
+    args.max_tokens, args.temperature = settings.max_tokens, settings.temperature
     if not Path(args.gguf).expanduser().is_file():
         parser.error(f"--gguf: {args.gguf!r} is not a file")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the started server is stopped too

@@ -34,7 +34,7 @@ from baselines.meta.train import main as train
 from baselines.meta.tree_rollout import policy_probabilities
 from bench.benchmark.env_throughput import rounds_per_second
 from bench.common.results import save_markdown
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import ArgumentParser, add_env_arguments
 from deliberation_env.engine import TreeEnv, compile_tree, expected_scores
 from deliberation_env.make import replay_env
 
@@ -118,7 +118,7 @@ def training(args) -> list[str]:
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="qwen05-arith-v2")
-    parser.add_argument("--features", default="v2")
+    add_env_arguments(parser, ("features",), defaults={"features": "v2"})
     parser.add_argument("--seconds", type=float, default=5.0, help="time per stepping measurement")
     parser.add_argument("--batches", type=int, nargs="+", default=[4096, 65536])
     parser.add_argument("--trainers", nargs="*", default=["softrankpo", "grpo"])

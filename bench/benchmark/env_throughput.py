@@ -27,7 +27,7 @@ from pettingzoo.classic import rps_v2
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, TEAM_FLAGS, ArgumentParser, add_env_arguments, env_arguments
 
 
 def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
@@ -60,21 +60,20 @@ def rounds_per_second(env, seconds: float, seed: int = 0) -> tuple[float, int]:
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="time budget per env")
-    parser.add_argument("--agents", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3)
+    add_env_arguments(parser, TEAM_FLAGS, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--ours-only", action="store_true", help="skip rps_v2 (to profile our env alone); no ratio")
     parser.add_argument("--replay", default=None, metavar="SET", help="compare the replay env of SET with the sim")
     args = parser.parse_args()
     if args.replay:
         return compare_replay(args.replay, args.seconds)
-    ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", split="test", num_agents=args.agents,
-                                        max_rounds=args.rounds)
-    print(f"config: task=arithmetic backend=sim agents={args.agents} rounds={args.rounds} seconds={args.seconds}")
+    ours = deliberation_env.parallel_env(task="arithmetic", backend="sim", split="test", **env_arguments(args, TEAM_FLAGS))
+    agents, rounds = ours.config.num_agents, ours.config.max_rounds
+    print(f"config: task=arithmetic backend=sim agents={agents} rounds={rounds} seconds={args.seconds}")
     ours_rate, ours_rounds = rounds_per_second(ours, args.seconds)
     print(f"deliberation_env (sim): {ours_rate:10.0f} rounds/s  ({ours_rounds} rounds)")
     if args.ours_only:
         return
-    floor_rate, floor_rounds = rounds_per_second(rps_v2.parallel_env(max_cycles=args.rounds), args.seconds)
+    floor_rate, floor_rounds = rounds_per_second(rps_v2.parallel_env(max_cycles=rounds), args.seconds)
     print(f"pettingzoo rps_v2     : {floor_rate:10.0f} rounds/s  ({floor_rounds} rounds)")
     print(f"ratio ours / rps_v2   : {ours_rate / floor_rate:10.3f}")
 

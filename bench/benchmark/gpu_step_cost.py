@@ -28,7 +28,7 @@ from types import SimpleNamespace
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from bench.common.results import save_markdown
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments
 
 ARCHITECTURES = {
     "qwen2.5-1.5b": {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
@@ -44,7 +44,7 @@ ARCHITECTURES = {
 def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--architecture", choices=ARCHITECTURES, default="qwen2.5-1.5b")
-    parser.add_argument("--agents", type=int, default=2)
+    add_env_arguments(parser, ("num_agents",), defaults={"num_agents": 2}, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--sequences", type=int, default=320, help="completions per update")
     parser.add_argument("--prompt", type=int, default=300, help="prompt tokens per completion")
     parser.add_argument("--completion", type=int, default=150, help="completion tokens per completion")
@@ -72,12 +72,12 @@ def random_team(args: argparse.Namespace):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     model = get_peft_model(model, lora, adapter_name=adapter_name(0))
-    for agent in range(1, args.agents):
+    for agent in range(1, args.num_agents):
         model.add_adapter(adapter_name(agent), lora)
     team = TeamPolicy.__new__(TeamPolicy)  # the policy's methods over this model, without loading a checkpoint
     backend = SimpleNamespace(model=model, pad_id=0, device=torch.device(args.device))
-    team.num_agents, team.weights, team.lora, team.references = args.agents, "lora", LoraSettings(), []
-    team.backends = [backend] * args.agents
+    team.num_agents, team.weights, team.lora, team.references = args.num_agents, "lora", LoraSettings(), []
+    team.backends = [backend] * args.num_agents
     for group in team.parameter_groups():
         for parameter in group:
             parameter.requires_grad_(True)
@@ -114,13 +114,13 @@ def time_updates(args: argparse.Namespace, team, vocab: int) -> tuple[float, flo
     from baselines.llm.rollout import Sample
     from baselines.llm.train_llm import make_optimizer, policy_update
 
-    cfg = LLMTrainConfig(num_agents=args.agents, micro_batch=args.micro_batch, max_tokens=args.completion)
+    cfg = LLMTrainConfig(num_agents=args.num_agents, micro_batch=args.micro_batch, max_tokens=args.completion)
     optimizer = make_optimizer(team, cfg)
     rng = np.random.default_rng(0)
     times = []
     reset_peak(args.device)
     for update in range(args.updates + 1):
-        samples = [Sample(i % args.agents, 0, 0, rng.integers(1, vocab, args.prompt).tolist(),
+        samples = [Sample(i % args.num_agents, 0, 0, rng.integers(1, vocab, args.prompt).tolist(),
                           rng.integers(1, vocab, args.completion).tolist(), 0.7) for i in range(args.sequences)]
         advantages = rng.standard_normal(args.sequences)
         synchronize(args.device)
@@ -172,7 +172,7 @@ def main(argv=None) -> None:
         f"{args.generate_batches} calls | {generate_seconds:.1f} | {generate_peak:.1f} |",
     ]
     header = (f"GPU cost of the trainer's parts of train_llm --preset gpu, {args.architecture} shapes with random "
-              f"weights (bfloat16 base, LoRA r=8 q/v x {args.agents} agents), "
+              f"weights (bfloat16 base, LoRA r=8 q/v x {args.num_agents} agents), "
               + (torch.cuda.get_device_name() if args.device == "cuda" else "CPU"))
     save_markdown(args.stem, header, "\n".join(rows))
 

@@ -67,9 +67,23 @@ class Counting:
         return out
 
 
+def flag_settings(parser, args, names):
+    """The ``DeliberationConfig`` of the env-setting flags ``names`` (``cli.add_env_arguments``): those given, the
+    env's own defaults for the rest, so that a script that builds requests itself samples as the env would; a value
+    the declaration refuses is the parser's one-line error."""
+    from deliberation_env.cli import env_arguments
+    from deliberation_env.core.config import DeliberationConfig
+
+    try:
+        return DeliberationConfig(**env_arguments(args, names))
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def add_band_arguments(parser, out: str) -> None:
     """The flags of a measurement on a range of problems outside any recording (team_band, jigsaw_band): the
-    range, levels and seed, the results stem ``out``, ``--report-only`` and the backend (256 tokens at 0.7)."""
+    range, levels and seed, the results stem ``out``, ``--report-only`` and the backend (256 tokens, at the env's
+    temperature)."""
     from deliberation_env.cli import add_backend_arguments
 
     parser.add_argument("--split", default="train")
@@ -80,12 +94,17 @@ def add_band_arguments(parser, out: str) -> None:
     parser.add_argument("--out", default=out, help="results file stem under bench/results/")
     parser.add_argument("--report-only", action="store_true", help="report <out>.jsonl again (no model run)")
     add_backend_arguments(parser, backend_default="transformers")
-    parser.set_defaults(max_tokens=256, temperature=0.7)
+    parser.set_defaults(max_tokens=256)
 
 
 def parse_band_arguments(parser, argv):
-    """Parse ``add_band_arguments``' flags: --model is required unless --report-only."""
+    """Parse ``add_band_arguments``' flags: --model is required unless --report-only; the sampling settings not given
+    are the env's."""
+    from deliberation_env.cli import SAMPLING_FLAGS
+
     args = parser.parse_args(argv)
+    settings = flag_settings(parser, args, SAMPLING_FLAGS)
+    args.max_tokens, args.temperature = settings.max_tokens, settings.temperature
     if not args.model and not args.report_only:
         parser.error("--model is required (a .gguf file or model folder; with --backend openai the served name), "
                      "unless --report-only")

@@ -27,24 +27,25 @@ from pathlib import Path
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
-from bench.common.results import RESULTS, Counting, command_line, save_markdown
+from bench.common.results import RESULTS, Counting, command_line, flag_settings, save_markdown
 from deliberation_env.analysis.metrics import auroc
 from deliberation_env.backends.base import Request
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.openai import OpenAICompatibleBackend
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments, env_arguments
 from deliberation_env.testing.llama_server import llama_server
 from deliberation_env.vector import BatchedEnvs
 
 SOURCES = ("answer_logprobs", "critic", "critic_text")
+SETTINGS = ("num_agents", "max_tokens")
+"""The env settings this study takes flags for (one round, each confidence source in turn)."""
 
 
 def measure(source: str, backend, args: argparse.Namespace) -> dict:
     counter_before = (backend.inner.requests, backend.inner.prompt_tokens, backend.inner.completion_tokens)
     envs = [deliberation_env.parallel_env(task="arithmetic", task_kwargs={"levels": tuple(args.levels), "prompt": args.prompt},
-                                          backend=backend, split="test", num_agents=args.agents, max_rounds=1,
-                                          confidence=source,
-                                          max_tokens=args.max_tokens) for _ in range(args.problems)]
+                                          backend=backend, split="test", max_rounds=1, confidence=source,
+                                          **env_arguments(args, SETTINGS)) for _ in range(args.problems)]
     start = time.perf_counter()
     results = BatchedEnvs(envs).reset(list(range(args.problems)), [{"problem_index": i} for i in range(args.problems)])
     seconds = time.perf_counter() - start
@@ -84,13 +85,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--prompt", default="default")
-    parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--problems", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    add_env_arguments(parser, SETTINGS, defaults={"max_tokens": 256}, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--sources", nargs="*", choices=SOURCES, default=list(SOURCES),
                         help="sources to compare (none: only the log-probability overhead)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "confidence_sources"))
     args = parser.parse_args(argv)
+    agents = flag_settings(parser, args, SETTINGS).num_agents
     os.makedirs(args.out, exist_ok=True)
     with llama_server(args.start_server, args.threads, logits_all=True) as urls:
         inner = Counting(OpenAICompatibleBackend(urls, model="local", concurrency=1, deadline=1800))
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + [f"| {r['source']} | {r['answers']} ({r['right']}) | {r['auroc']:.3f} | {r['generated']} | "
            f"{r['prompt_tokens']} | {r['completion_tokens']} | {r['seconds']:.0f} |" for r in rows])
     header = (f"Round-0 confidence on a real model ({os.path.basename(args.start_server)}, llama.cpp with logits_all, "
-              f"{args.threads} threads), arithmetic levels {args.levels} prompt {args.prompt}, {args.agents} agents x "
+              f"{args.threads} threads), arithmetic levels {args.levels} prompt {args.prompt}, {agents} agents x "
               f"{args.problems} problems; the same answers under every source: {same}. A source that sends the same "
               f"solve requests as one before it (`critic_text` after `critic`) reuses them from the cache, so its "
               f"row counts only its critic calls. {overhead}\n\n"

@@ -30,9 +30,9 @@ from typing import Any
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 import deliberation_env
-from bench.common.results import RESULTS, save_markdown, wilson_interval
+from bench.common.results import RESULTS, flag_settings, save_markdown, wilson_interval
 from deliberation_env.backends.base import Backend, Request
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import SAMPLING_FLAGS, ArgumentParser, add_env_arguments
 from deliberation_env.testing.llama_server import llama_server
 
 BAND = (0.2, 0.8)
@@ -147,8 +147,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--problems", type=int, default=40, help="problems per cell (the first N of the split)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--data-dir", default=None, help="benchmark data (default: $DELIBERATION_ENV_DATA)")
-    parser.add_argument("--temperature", type=float, default=0.7, help="the env's default")
-    parser.add_argument("--max-tokens", type=int, default=512, help="the env's default")
+    add_env_arguments(parser, SAMPLING_FLAGS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8, help="requests per generate call")
     parser.add_argument("--request-timeout", type=float, default=900.0, help="openai: seconds per request, queue included")
@@ -157,6 +156,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="llm_band", help="results file stem under bench/results/")
     parser.add_argument("--save-completions", action="store_true", help="also write <out>_completions.jsonl")
     args = parser.parse_args(argv)
+    settings = flag_settings(parser, args, SAMPLING_FLAGS)  # the requests sample as the env would
+    args.max_tokens, args.temperature = settings.max_tokens, settings.temperature
     if args.problems < 1 or args.batch_size < 1:
         parser.error("--problems and --batch-size must be >= 1")
     if args.start_server and args.backend != "openai":

@@ -89,7 +89,7 @@ from baselines.llm.train_llm import make_team, train
 from baselines.logger import read_metrics
 from bench.common import results as _results
 from bench.studies._llm_study_report import CURVE_KEYS, STUDY_KEYS, load_results, report, result_path, study_settings
-from deliberation_env.cli import ArgumentParser, field_docs
+from deliberation_env.cli import OLD_TEAM_FLAGS, TEAM_FLAGS, ArgumentParser, add_env_arguments, field_docs
 from deliberation_env.tasks.jigsaw import LEVELS as JIGSAW_LEVELS
 
 REWARDS = {"team": {"team": 1.0}, "teamturn": {"team_turn": 1.0}, "own": {"correct": 1.0}}
@@ -148,12 +148,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the study's cells: turns (cells that differ by construction) or 2x2 (the first study)")
     parser.add_argument("--cells", nargs="+", choices=CELLS, help="run only these cells (default: the design's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--problems-per-update", type=int, default=2)
     parser.add_argument("--updates", type=int, default=20)
-    parser.add_argument("--max-tokens", type=int, default=192)
-    parser.add_argument("--max-rounds", type=int, default=1)
+    add_env_arguments(parser, (*TEAM_FLAGS, "max_tokens"), defaults={"num_agents": 2, "max_rounds": 1, "max_tokens": 192},
+                      aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--levels", type=int, nargs="+", help="task levels (default: LEVELS, by preset and task)")
     parser.add_argument("--task", choices=("arithmetic", "jigsaw"), default="arithmetic",
                         help="arithmetic (one agent can solve a problem alone) or jigsaw (each agent sees one "
@@ -183,8 +182,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if preset:
         parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
-    if args.task == "jigsaw" and args.agents not in (2, 3):
-        parser.error("--task jigsaw splits each problem between 2 or 3 agents: --agents 2 or 3")
+    if args.task == "jigsaw" and args.num_agents not in (2, 3):
+        parser.error("--task jigsaw splits each problem between 2 or 3 agents: --num-agents 2 or 3")
     args.levels = args.levels or LEVELS[args.preset, args.task]
     if args.task == "jigsaw" and not set(args.levels) <= set(JIGSAW_LEVELS):
         parser.error(f"--task jigsaw has levels {list(JIGSAW_LEVELS)}: got --levels {args.levels}")
@@ -201,8 +200,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def task_settings(args: argparse.Namespace) -> tuple[dict, dict]:
     """The task's keywords and the env options it needs: jigsaw's agents each see one person's count (a role each)."""
     if args.task == "jigsaw":
-        views = [{"name": f"view_{k}", "prompt": f"view_{k}"} for k in range(args.agents)]
-        return {"levels": tuple(args.levels), "parts": args.agents}, {"roles": views}
+        views = [{"name": f"view_{k}", "prompt": f"view_{k}"} for k in range(args.num_agents)]
+        return {"levels": tuple(args.levels), "parts": args.num_agents}, {"roles": views}
     return {"levels": tuple(args.levels), "prompt": args.prompt}, {}
 
 
@@ -218,7 +217,7 @@ def cell_config(args: argparse.Namespace, cell: str, seed: int) -> LLMTrainConfi
     state = os.path.join(out, "state")
     task_options, env_options = task_settings(args)
     return LLMTrainConfig(task=args.task,
-        model=args.model, num_agents=args.agents, group_size=args.group_size,
+        model=args.model, num_agents=args.num_agents, group_size=args.group_size,
         problems_per_update=args.problems_per_update, updates=args.updates, max_tokens=args.max_tokens,
         max_rounds=args.max_rounds, lr=args.lr, eval_problems=args.eval_problems, eval_every=args.eval_every,
         device=args.device, dtype=args.dtype, threads=args.threads, seed=seed, converted_cache_dir=args.converted_cache_dir,

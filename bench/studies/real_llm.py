@@ -49,11 +49,18 @@ from baselines.meta.evaluate import PolicyActor
 from bench.common.results import RESULTS, command_line, save_markdown, wilson_interval
 from deliberation_env.analysis.traces import TraceWriter
 from deliberation_env.backends.cache import cache_key
-from deliberation_env.cli import ArgumentParser
+from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments, env_arguments
 from deliberation_env.protocols import PROTOCOLS, make_protocol, protocol_agents
 from deliberation_env.testing.llama_server import llama_server
 
 ACTIONS = ACTION_NAMES
+
+
+SETTINGS = ("num_agents", "max_rounds", "max_tokens", "critic_max_tokens", "confidence")
+"""The env settings of the study (real and simulated envs alike), their flags from the declaration."""
+OWN_DEFAULTS = {"max_rounds": 2, "max_tokens": 256, "critic_max_tokens": 24, "confidence": "critic_text"}
+"""The study's own: two rounds, budgets a 0.5B model on 2 cores finishes, a critic read from text (llama.cpp's
+server gives no log-probabilities unless started with them)."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -66,12 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task", default="arithmetic")
     parser.add_argument("--levels", type=int, nargs="+", default=[0], help="arithmetic levels")
     parser.add_argument("--prompt", default="no_code", help="arithmetic prompt style (default, no_code)")
-    parser.add_argument("--agents", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--critic-max-tokens", type=int, default=24)
-    parser.add_argument("--confidence", default="critic_text",
-                        help="critic (needs a server that returns logprobs), critic_text or answer_logprobs")
+    add_env_arguments(parser, SETTINGS, defaults=OWN_DEFAULTS, aliases=OLD_TEAM_FLAGS)
     parser.add_argument("--calib-problems", type=int, default=30)
     parser.add_argument("--test-problems", type=int, default=40)
     parser.add_argument("--rl-episodes", type=int, default=12000)
@@ -96,9 +98,7 @@ def task_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def env_options(args: argparse.Namespace) -> dict[str, Any]:
     """The settings every env of the study shares, real or simulated."""
-    return {"task": args.task, "task_kwargs": task_kwargs(args), "num_agents": args.agents,
-            "max_rounds": args.rounds, "max_tokens": args.max_tokens, "critic_max_tokens": args.critic_max_tokens,
-            "confidence": args.confidence}
+    return {"task": args.task, "task_kwargs": task_kwargs(args), **env_arguments(args, SETTINGS)}
 
 
 class KeyRecorder:
@@ -121,7 +121,7 @@ class KeyRecorder:
 def play(name: str, actor_fn, args, backend, split: str, problems: int, trace: TraceWriter | None,
          agents: int | None = None) -> dict[str, Any]:
     """One entry on the real model: accuracy with a 95% Wilson interval over problems, tokens, action shares."""
-    options = {**env_options(args), "num_agents": agents or args.agents}
+    options = {**env_options(args), "num_agents": agents or args.num_agents}
     recorder = KeyRecorder(backend)
     envs = [deliberation_env.parallel_env(backend=recorder, split=split, trace=trace, trace_label=name, **options)
             for _ in range(min(args.batch, problems))]
@@ -155,7 +155,7 @@ def train_policy(args, out: str, sim_config: str | None, token_cost: float) -> t
         return deliberation_env.parallel_env(backend="sim", backend_kwargs=backend_kwargs, split="train", **options)
 
     cfg = replace(SoftRankPOConfig(), episodes=args.rl_episodes, sft_episodes=args.sft_episodes, seed=args.seed,
-                  out=out, num_agents=args.agents, max_rounds=args.rounds, token_cost=token_cost, progress=False)
+                  out=out, num_agents=args.num_agents, max_rounds=args.max_rounds, token_cost=token_cost, progress=False)
     run("softrankpo", cfg, env_fn)
     return os.path.join(out, "policy.pt"), os.path.join(out, "sft", "policy.pt")
 
@@ -282,7 +282,7 @@ def summary(args, rows, costs: tuple[float, float, int, int], stats, total_secon
         "from the cache, so only the request count is comparable across runs)",
         f"- cache: {stats.hits} hits, {stats.misses} misses; whole study {total_seconds / 60:.1f} min",
     ]
-    header = (f"Real model, {args.task} levels {args.levels} prompt {args.prompt}, {args.agents} agents x {args.rounds} "
+    header = (f"Real model, {args.task} levels {args.levels} prompt {args.prompt}, {args.num_agents} agents x {args.max_rounds} "
               f"rounds, confidence {args.confidence}, {args.test_problems} test problems (seed {args.seed})")
     save_markdown("real_llm", header, table + "\n\n" + "\n".join(notes))
     with open(os.path.join(RESULTS, "real_llm.csv"), "w", newline="", encoding="utf-8") as f:

@@ -39,10 +39,9 @@ from baselines.meta.evaluate import PolicyActor
 from baselines.meta.policy import load_policy
 from baselines.meta.train import config_class, run
 from bench.common.replay_rows import play_rows
-from bench.common.results import RESULTS, command_line, wilson_interval
+from bench.common.results import RESULTS, command_line, flag_settings, wilson_interval
 from deliberation_env.analysis.metrics import paired_bootstrap
-from deliberation_env.cli import ArgumentParser, add_backend_arguments, backend_settings
-from deliberation_env.core.features import FEATURE_SETS
+from deliberation_env.cli import ArgumentParser, add_backend_arguments, add_env_arguments, backend_settings
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
@@ -95,8 +94,7 @@ def wilson_text(correct: np.ndarray) -> str:
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default="qwen05-arith-v2")
-    parser.add_argument("--features", default="v1", choices=list(FEATURE_SETS),
-                        help="the observation feature set SoftRankPO learns from (env option features=)")
+    add_env_arguments(parser, ("features",))  # the one SoftRankPO learns from
     parser.add_argument("--problems", type=problem_range, default=problem_range("400:500"),
                         help="live test problems START:END (problem_index), outside the recording")
     parser.add_argument("--protocols", nargs="*", default=["self_consistency", "debate"],
@@ -108,6 +106,7 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", default=os.path.join("runs", "replay-transfer"), help="the trained policy")
     add_backend_arguments(parser, backend_default="transformers")
     args = parser.parse_args(argv)
+    args.features = flag_settings(parser, args, ("features",)).features
     dataset = ReplaySet(args.dataset)
     recorded = {int(p.rsplit("-", 1)[1]) for p in dataset.card.splits["test"]}
     if recorded & set(args.problems):

@@ -31,8 +31,7 @@ from bench.common.replay_rows import options, play_rows, protocol_rows, train_po
 from bench.common.results import RESULTS
 from bench.common.suite import TRAINERS
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
-from deliberation_env.cli import ArgumentParser, KeyValueAction
-from deliberation_env.core import features
+from deliberation_env.cli import ArgumentParser, KeyValueAction, add_env_arguments
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import protocol_agents
 from deliberation_env.replay import ReplayError, ReplaySet
@@ -70,7 +69,7 @@ def main(argv=None) -> None:
     parser.add_argument("--algos", nargs="+", default=["softrankpo"], choices=list(TRAINERS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=4000)
-    parser.add_argument("--features", default="v3", choices=list(features.FEATURE_SETS))
+    add_env_arguments(parser, ("features",), defaults={"features": "v3"})
     parser.add_argument("--env-option", dest="env_options", action=KeyValueAction, default={"concede_to_peer": True},
                         metavar="KEY=VALUE", help="env options of every replay env (default: concede_to_peer=True)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "set_transfer"))

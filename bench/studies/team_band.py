@@ -21,7 +21,6 @@ Measure on problems that the team set will not record (default: train problems 1
 from __future__ import annotations
 
 import argparse
-import ast
 import itertools
 import json
 import os
@@ -37,20 +36,18 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 import deliberation_env
 from bench.common.results import RESULTS, add_band_arguments, parse_band_arguments, save_markdown, wilson_interval
 from deliberation_env.analysis.metrics import bootstrap_interval
-from deliberation_env.cli import ArgumentParser, backend_settings
+from deliberation_env.cli import ArgumentParser, add_env_arguments, backend_settings
 from deliberation_env.core.consensus import plurality
 from deliberation_env.vector import BatchedEnvs
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--roles", required=True, help="a JSON (or Python) list of roles, one per agent")
+    add_env_arguments(parser, ("roles",))
     add_band_arguments(parser, "team_band")
     args = parse_band_arguments(parser, argv)
-    try:
-        args.roles = ast.literal_eval(args.roles)
-    except (ValueError, SyntaxError) as error:
-        parser.error(f"--roles is not a list literal: {error}")
+    if args.roles is None:
+        parser.error("--roles is required: a JSON (or Python) list of roles, one per agent")
     return args
 
 

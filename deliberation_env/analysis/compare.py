@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from deliberation_env.analysis.fidelity import EnvFactory, fmt, play_protocol, plot_comparison, summarize
+from deliberation_env.analysis.fidelity import EnvMaker, fmt, play_protocol, plot_comparison, summarize
 from deliberation_env.analysis.metrics import bootstrap_interval, spearman
 from deliberation_env.analysis.sim_fit import extract_events, fit, write_config
 from deliberation_env.analysis.solve_fit import agreement_shares
@@ -67,7 +67,7 @@ def play_protocols(make_env: Callable[[str], Any], protocols: Sequence[str], see
 
 
 def replay_comparison(dataset: str | os.PathLike[str], outdir: str | os.PathLike[str], seeds: int = DEFAULT_SEEDS,
-                      fixed: dict[str, Any] | None = None, *, make_env: EnvFactory) -> str:
+                      fixed: dict[str, Any] | None = None, *, make_env: EnvMaker) -> str:
     """Fit the sim on the set's train split and compare it with the set on its test split; returns report.md.
 
     ``fixed``: knobs held at the given values instead of fitted (e.g. ``{"problem_spread": 0.0}``). ``make_env``

@@ -7,7 +7,7 @@ protocols' accuracy ranking; the REFINE transition rates and the confidence AURO
 It writes ``report.md``, ``report.png`` and the sim's own trace (``sim_traces.jsonl``) to ``outdir``
 and returns the Markdown. Used by ``python -m deliberation_env.analysis.calibrate --compare``.
 
-The envs come from ``make_env``, a factory with ``parallel_env``'s keywords (``EnvFactory``): analysis sits below
+The envs come from ``make_env``, a factory with ``parallel_env``'s keywords (``EnvMaker``): analysis sits below
 the factories in ``deliberation_env.make`` (which wrap envs in ``analysis.traces.TraceWrapper``), so the caller
 hands one in (the program ``analysis.calibrate`` hands ``parallel_env``).
 """
@@ -30,11 +30,18 @@ from deliberation_env.protocols import PROTOCOLS, make_protocol
 from deliberation_env.tasks.base import Problem
 
 
-class EnvFactory(Protocol):
+class EnvMaker(Protocol):
     """Builds an env from ``parallel_env``'s keywords (``deliberation_env.make.parallel_env`` is one), ``trace=`` and
     ``trace_label=`` among them."""
 
     def __call__(self, **keywords: Any) -> Any: ...
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EnvFactory":
+        raise AttributeError("deliberation_env.analysis.fidelity.EnvFactory was renamed EnvMaker (a maker of envs from "
+                             "parallel_env's keywords); baselines.meta.config.EnvFactory is another thing")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
@@ -73,7 +80,7 @@ def _episode_tokens(episode: Episode) -> int:
 
 
 def replay_on_sim(episodes: Sequence[Episode], sim_config: str | os.PathLike, trace_path: Path,
-                  make_env: EnvFactory) -> tuple[list[Episode], list[str]]:
+                  make_env: EnvMaker) -> tuple[list[Episode], list[str]]:
     """Play each episode's protocol on the sim with the episode's problem and seed, in envs from ``make_env``;
     returns (sim episodes, notes)."""
     from deliberation_env.backends.sim import SimBackend
@@ -124,7 +131,7 @@ def play_protocol(env: Any, protocol: Any, episodes: Sequence[tuple[Problem, int
                  lambda steps: [protocol.act(step.observations, step.infos) for step in steps], on_step)
 
 
-def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: Path, make_env: EnvFactory) -> str:
+def compare(episodes: Sequence[Episode], sim_config: str | os.PathLike, outdir: Path, make_env: EnvMaker) -> str:
     """Replay ``episodes`` on the sim of ``sim_config`` in envs from ``make_env``; write report.md and report.png to
     ``outdir``."""
     if not episodes:

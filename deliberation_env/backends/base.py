@@ -24,14 +24,16 @@ the built-in python tools; ``core.tools.request_kinds()`` lists them)."""
 
 @dataclass(frozen=True)
 class Request:
-    """One chat-completion request from one agent."""
+    """One chat-completion request from one agent. Its token budget and temperature are always given (the core
+    gives its config's: ``DeliberationConfig``, where their defaults are declared); a request has no defaults of its
+    own."""
 
     messages: tuple[Message, ...]
     kind: RequestKind
     agent: int
     seed: int
-    max_tokens: int = 512
-    temperature: float = 0.7
+    max_tokens: int
+    temperature: float
     top_p: float = 1.0
     logprobs: bool = False
     """Ask for the first token's top log-probabilities (critic calls)."""

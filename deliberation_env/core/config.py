@@ -10,7 +10,7 @@ import numpy as np
 
 from deliberation_env.core import features
 from deliberation_env.core.rewards import check_weights
-from deliberation_env.core.roles import make_roles
+from deliberation_env.core.roles import make_roles, roles_literal
 from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
 
 CONCEDE_TARGETS = ("most_confident", "plurality")
@@ -31,7 +31,7 @@ class DeliberationConfig:
     no generation (a CONCEDE keeps the confidence its target holds: the critic's verdict on the very text it adopts).
     A replay set then plays ``max_rounds`` beyond its recorded rounds, exactly, from the answers it holds. None: every
     round offers REFINE."""
-    concede_target: str = "most_confident"
+    concede_target: str = field(default="most_confident", metadata={"argparse": {"choices": CONCEDE_TARGETS}})
     """Whom CONCEDE adopts: the most confident disagreeing peer, or the peers' plurality answer."""
     concede_to_peer: bool = False
     """Also offer one CONCEDE per peer (action ``3 + k`` adopts peer k's answer, in the observation's peer order;
@@ -41,7 +41,7 @@ class DeliberationConfig:
     reintrospect_concede: bool = True
     """Re-run the critic after a CONCEDE (else the agent copies the target's confidence)."""
     reward_weights: Mapping[str, float] = field(default_factory=dict)
-    confidence: str = "critic"
+    confidence: str = field(default="critic", metadata={"argparse": {"choices": CONFIDENCE_SOURCES}})
     """Where an agent's confidence comes from: ``critic`` (a second call; its first-token Yes/No
     log-probabilities, else the number or verdict it writes), ``critic_text`` (the same call without
     asking for log-probabilities, for servers that cannot return them), or ``answer_logprobs`` (the
@@ -64,14 +64,12 @@ class DeliberationConfig:
     """The observation's feature set (``core.features.FEATURE_SETS``): ``v1``, or ``v2``, which adds signals read
     off each agent's latest completion and asks the backend for token log-probabilities (the requests' replay keys
     stay the same: a replay set serves both), or ``v3``: v2 and each agent's role."""
-    roles: Sequence[Any] | None = None
+    roles: Sequence[Any] | None = field(default=None, metadata={"argparse": {"type": roles_literal, "metavar": "LIST"}})
     """One ``core.roles.Role`` per agent (a prompt style and a temperature each; a mapping or a name is read as
     one), or None: the homogeneous team. Stored as a tuple of ``Role``."""
 
     def __post_init__(self) -> None:
-        for declared in fields(self):  # the integer fields declare their minimum
-            if "minimum" in declared.metadata and getattr(self, declared.name) is not None:
-                _check_int(declared.name, getattr(self, declared.name), declared.metadata["minimum"])
+        check_minimums(self)
         if self.request_format not in REQUEST_FORMATS:
             raise ValueError(f"request_format must be one of {REQUEST_FORMATS}, got {self.request_format!r}")
         if self.confidence not in CONFIDENCE_SOURCES:
@@ -90,6 +88,12 @@ class DeliberationConfig:
         object.__setattr__(self, "roles", make_roles(self.roles, self.num_agents))
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def check_minimums(settings: Any) -> None:
+    """ValueError unless every field of dataclass ``settings`` that declares a ``minimum`` in its metadata (an integer
+    field: ``num_agents``, ``max_rounds``, ...) holds an integer at least that, or None. The one check of a declared
+    minimum: the env's config and the trainers' configs (which take these fields' declarations) call it."""
+    for declared in fields(settings):
+        value, minimum = getattr(settings, declared.name), declared.metadata.get("minimum")
+        if minimum is not None and value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum):
+            raise ValueError(f"{declared.name} must be an integer >= {minimum}, got {value!r}")

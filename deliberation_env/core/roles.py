@@ -22,6 +22,7 @@ is a list of two backends. An agent's role changes its requests, so a replay set
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -57,6 +58,20 @@ class Role:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def roles_literal(text: str) -> list[Any]:
+    """``--roles``' value: a JSON (or Python) list literal of roles, one per agent (names or mappings)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, list):
+        raise ValueError(f"not a list literal of roles: {text!r}")
+    return value
+
+
+roles_literal.__name__ = "roles"  # argparse names the type in its error: "invalid roles value"
 
 
 def make_roles(spec: Any, num_agents: int) -> tuple[Role, ...] | None:

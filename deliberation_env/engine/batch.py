@@ -35,6 +35,7 @@ import numpy as np
 
 from deliberation_env.engine.tree import CompiledTree
 from deliberation_env.formats import ObservationFormat
+from deliberation_env.options import INVALID_ACTION_MODES
 
 
 class TreeEnv:
@@ -44,7 +45,7 @@ class TreeEnv:
                  invalid_action: str = "persist", **format_keywords: Any):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if invalid_action not in ("raise", "persist"):
+        if invalid_action not in INVALID_ACTION_MODES:
             raise ValueError(f"invalid_action must be 'raise' or 'persist', got {invalid_action!r}")
         if format is not None and format_keywords:
             raise TypeError(f"pass either format= or the format keywords {sorted(format_keywords)}, not both")

@@ -55,6 +55,7 @@ import numpy as np
 from deliberation_env.core import features
 from deliberation_env.core.rewards import REWARD_COMPONENTS
 from deliberation_env.engine.walk import walk
+from deliberation_env.options import PRESENTATION_KEYWORDS
 from deliberation_env.vector import Start, Step, run_episodes
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,6 @@ TREE_FORMAT = 2
 their child and equal ended states are one node (a DAG); the arrays' digest is saved with them."""
 GAME_ONLY = {"observation": "dict", "action_mask": "observation", "infos": "full", "invalid_action": "persist"}
 """The reference env's format while compiling (the game does not depend on it; ``TreeEnv`` formats its own)."""
-FORMAT_KEYWORDS = ("observation", "action_mask", "action_mask_key", "observation_key", "infos", "invalid_action",
-                   "trace", "trace_label", "render_mode")
-"""Env keywords that change how a game is shown, not the game: left out of the compiled tree and its key."""
 _SOURCE_ROOTS = ("make.py", "engine/tree.py", "engine/walk.py", "core", "tasks", "replay", "backends")
 """Where ``source_files`` starts: the reference env's factory, the compiler, and the folders of what the env finds by
 name (tasks and backends from their registries)."""
@@ -238,8 +236,8 @@ _FINGERPRINT = _source_fingerprint()
 
 
 def game_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The env keywords that define the game (``FORMAT_KEYWORDS`` left out)."""
-    return {name: value for name, value in options.items() if name not in FORMAT_KEYWORDS}
+    """The env keywords that define the game (``PRESENTATION_KEYWORDS`` left out)."""
+    return {name: value for name, value in options.items() if name not in PRESENTATION_KEYWORDS}
 
 
 def tree_key(dataset: Any, split: str, config: Any, problems: Sequence[int] | None = None) -> str:
