@@ -28,8 +28,10 @@ KEPT = [1, 2, None, 0, None]
 
 
 @pytest.fixture
-def judge(bench_import):
-    return bench_import("judge")
+def judge():
+    from bench.studies import judge
+
+    return judge
 
 
 @pytest.mark.parametrize("reply, count, kept", [

@@ -49,10 +49,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import RESULTS, command_line
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, loaded
 from baselines.evaluation.evaluate import play_episodes
+from bench.common.results import RESULTS, command_line
 from deliberation_env.analysis.metrics import bootstrap_interval, paired_bootstrap
 from deliberation_env.backends.base import Request
 from deliberation_env.chat import Message

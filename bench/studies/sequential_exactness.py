@@ -13,12 +13,16 @@ arrays. A difference stops the run and is reported. Writes bench/results/sequent
 from __future__ import annotations
 
 import itertools
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import command_line, write_report
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import loaded, parse_cell, shipped_cells
+from bench.common.results import command_line, write_report
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.engine import StaleTree, compile_tree
 from deliberation_env.engine.tree import reference_env, verify_plays

@@ -25,12 +25,16 @@ folds by the policy's own objective. Writes bench/results/sequential_headroom.md
 from __future__ import annotations
 
 import itertools
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from _results import command_line, write_report
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import parse_cell
+from bench.common.results import command_line, write_report
 from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser
 
