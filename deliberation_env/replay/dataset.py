@@ -245,8 +245,8 @@ class ReplaySet:
                *(getattr(config, name) for name in SETTING_FIELDS))
         if key not in self._passed:
             self._check_index(problems)
+            self._check_solve_requests(task, config, problems)  # first: another task's problems are named as such
             self._check_problem_table(split, problems)
-            self._check_solve_requests(task, config, problems)
             self._passed.add(key)
         return problems
 
@@ -279,7 +279,7 @@ class ReplaySet:
                                   f"{count} of it when recorded (a record was removed); {fix}")
             recorded = card.contents.get(problem.id)
             if recorded is not None and problem_digests(held).get(problem.id, EMPTY_DIGEST) != recorded:
-                raise ReplayError(f"{where}: problem {problem.id!r}'s records differ from those {name} held when "
+                raise ReplayError(f"{where}: the records of problem {problem.id!r} differ from those {name} held when "
                                   f"recorded (card.json's contents: a record removed, replaced, added or edited); "
                                   f"{fix}")
 
