@@ -19,6 +19,10 @@ otherwise), beside the best fixed protocol, which is chosen on the cell's valida
 |                                      | nodes' agents from their batched dict observations; exact                 |
 | an object with ``reset``/``act``     | an actor of the PettingZoo dict API, played once per test problem         |
 | a ``Policy`` or a ``policy.pt`` path | the baselines' policy, greedy (``greedy=False``: its exact expectation)   |
+| ``FlatObservations(f)``              | ``f(flat) -> probs``: (M, A) probabilities from (M, D) rows of the env's  |
+|                                      | ``observation="flat"`` vector (one row per agent); exact                  |
+| a Stable-Baselines3 model            | trained on ``observation="flat"`` (docs/interop.md): its policy's action  |
+|                                      | probabilities on the flat vector (``FlatObservations.of_sb3``); exact     |
 | ``"module:name"``                    | that object, or what calling it (no arguments) returns                    |
 
 Several training runs (a list of policies, or ``Scores`` saved earlier) give one row whose interval covers the runs
@@ -29,21 +33,30 @@ from __future__ import annotations
 
 import csv
 import functools
-import importlib
-import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from baselines.policy_forms import (
+    FlatObservations,
+    composed,
+    is_actor,
+    is_baselines_policy,
+    is_sb3_model,
+    resolve,
+    uniform,
+    validated,
+)
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.actions import num_actions
 from deliberation_env.engine import compile_tree, expected_scores, greedy_probabilities
+from deliberation_env.formats import ObservationFormat
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplaySet, load_card, shipped
@@ -190,15 +203,22 @@ def policy_scores(policy: Any, cell: str | Cell, split: str = "test", *, greedy:
     """``policy`` (any form of the module docstring's table) on every problem of the cell's ``split``."""
     cell = parse_cell(cell)
     policy = resolve(policy)
-    if _is_actor(policy):
+    if is_actor(policy):
         return _played(policy, cell, split, label)
     tree = cell.tree(split)
-    if _is_baselines_policy(policy):
+    if is_sb3_model(policy):
+        policy = FlatObservations.of_sb3(policy)
+    if isinstance(policy, FlatObservations):
+        checked = validated(policy)
+        exact = expected_scores(tree, composed(greedy_probabilities, checked) if greedy else checked,
+                                format=ObservationFormat(observation="flat"))
+        return Scores(label, cell.name, split, list(tree.problem_ids), exact["accuracy"], exact["tokens"], cell.digest)
+    if is_baselines_policy(policy):
         probabilities = _policy_probabilities(policy, cell, greedy)
     elif greedy:
-        probabilities = _composed(greedy_probabilities, _validated(policy))
+        probabilities = composed(greedy_probabilities, validated(policy))
     else:
-        probabilities = _validated(policy)
+        probabilities = validated(policy)
     exact = expected_scores(tree, probabilities)
     return Scores(label, cell.name, split, list(tree.problem_ids), exact["accuracy"], exact["tokens"], cell.digest)
 
@@ -211,7 +231,7 @@ def protocol_scores(cell: str | Cell, split: str, names: Sequence[str] = (*PROTO
     out = {}
     for name in names:
         if name == "random":
-            out[name] = policy_scores(_uniform, cell, split, greedy=False, label=name)
+            out[name] = policy_scores(uniform, cell, split, greedy=False, label=name)
         elif name == "single":
             roots = tree.roots
             out[name] = Scores(name, cell.name, split, list(tree.problem_ids), tree.correct[roots, 0].mean(1),
@@ -333,9 +353,9 @@ def trained_departures(policy: Any, cell: Cell) -> list[str]:
     game = getattr(policy, "trained_on", None)
     if not game:
         return []
-    out = []
-    if game.get("set") != cell.dataset or game.get("digest") not in (None, cell.digest):
-        out.append(f"trained on set {game.get('set')!r} (digest {game.get('digest')}), scored on {cell.dataset!r} "
+    out, name = [], loaded(cell.dataset).card.name
+    if game.get("set") != name or game.get("digest") not in (None, cell.digest):
+        out.append(f"trained on set {game.get('set')!r} (digest {game.get('digest')}), scored on {name!r} "
                    f"(digest {cell.digest}): another set, or another version of it")
     split = game.get("split")
     if split != "fit":
@@ -371,46 +391,6 @@ def interquartile_mean(values: Sequence[float]) -> float:
 
 
 # ----------------------------------------------------------------------------- what a policy may be
-def resolve(policy: Any) -> Any:
-    """A ``"module:name"`` spec or a checkpoint path -> the object it names (called if it takes no arguments)."""
-    if isinstance(policy, (str, os.PathLike)):
-        text = os.fspath(policy)
-        if os.path.isfile(text) or text.endswith(".pt"):
-            from baselines.meta.policy import load_policy
-
-            return load_policy(text)
-        module, _, name = text.partition(":")
-        if not name:
-            raise ValueError(f"a policy spec is a checkpoint path or 'module:name', got {text!r}")
-        try:
-            found = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"cannot load policy {text!r}: {error}") from error
-        if callable(found) and not _is_actor(found) and _required_parameters(found) == 0:
-            found = found()
-        return resolve(found) if isinstance(found, (str, os.PathLike)) else found
-    return policy
-
-
-def _required_parameters(function: Callable[..., Any]) -> int:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return -1
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
-
-
-def _is_actor(policy: Any) -> bool:
-    return not isinstance(policy, type) and callable(getattr(policy, "act", None)) and callable(getattr(policy, "reset", None)) \
-        and not _is_baselines_policy(policy)
-
-
-def _is_baselines_policy(policy: Any) -> bool:
-    from baselines.meta.policy import Policy
-
-    return isinstance(policy, Policy)
-
-
 def _policy_probabilities(policy: Any, cell: Cell, greedy: bool) -> Any:
     from baselines.meta.policy import agent_layout
     from baselines.meta.tree_rollout import policy_probabilities
@@ -421,36 +401,6 @@ def _policy_probabilities(policy: Any, cell: Cell, greedy: bool) -> Any:
                          f"inputs and {policy.layout.num_actions} actions, the cell has {layout.obs_dim} and "
                          f"{layout.num_actions}): score it on the cell of its game")
     return policy_probabilities(policy.eval(), layout, greedy)
-
-
-def _validated(policy: Callable[[Any, Any], Any]) -> Callable[[Any, Any], np.ndarray]:
-    """``policy`` whose every answer is checked to be probabilities (finite, >= 0, summing to 1 over each agent's
-    actions) before it is scored, greedy or not: a ValueError naming the first bad row, never a score of it."""
-    def checked(observations: Any, nodes: Any) -> np.ndarray:
-        probabilities = np.asarray(policy(observations, nodes), dtype=np.float64)
-        totals = probabilities.sum(-1)
-        bad = ~np.isfinite(probabilities).all(-1) | (probabilities < 0).any(-1) | ~np.isclose(totals, 1.0, atol=1e-5)
-        if probabilities.ndim != 3 or bad.any():
-            if probabilities.ndim != 3:
-                raise ValueError(f"the policy gave an array of shape {probabilities.shape}; a probability function "
-                                 "returns (nodes, agents, actions) probabilities")
-            node, agent = (int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"the policy's output is not probabilities: node {node}, agent {agent} got "
-                             f"{np.array2string(probabilities[node, agent], precision=4)} (sum {totals[node, agent]:.4g});"
-                             " give finite values >= 0 that sum to 1 over each agent's actions (a softmax), in "
-                             "greedy scoring too")
-        return probabilities
-
-    return checked
-
-
-def _composed(outer: Callable[[Any], Any], inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    return lambda observations, nodes: outer(inner(observations, nodes))
-
-
-def _uniform(observations: Any, nodes: Any) -> np.ndarray:
-    mask = np.asarray(observations["action_mask"], float)
-    return mask / mask.sum(-1, keepdims=True)
 
 
 def _played(actor: Any, cell: Cell, split: str, label: str) -> Scores:

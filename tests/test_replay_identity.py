@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import deliberation_env
-from deliberation_env.make import replay_env
+from deliberation_env.make import DepartureWarning, replay_env
 from deliberation_env.record import main as record
 from deliberation_env.replay import PINNED, ReplayBackend, ReplayError, ReplayMiss, ReplaySet, env_settings, shipped
 from deliberation_env.replay.card import SETS_DIR, card_digest, load_card, write_card
@@ -163,3 +164,12 @@ def test_a_checked_env_s_miss_is_still_a_replay_miss(copy):
     card.partial = True  # a partial set's later rounds may lack a branch
     with pytest.raises(ReplayMiss, match="arithmetic-test-0"):
         env.step({agent: 1 for agent in env.agents})
+
+
+def test_replay_env_warns_of_a_departure_from_the_recording_and_not_of_a_cell_s_game():
+    with pytest.warns(DepartureWarning, match=r"qwen05-arith-v2#89b24af15d44ca1e played with departures from its "
+                                              r"recording: confidence='critic' \(recorded 'critic_text'\)"):
+        replay_env("qwen05-arith-v2", split="test", confidence="critic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        replay_env("qwen05-arith-v2", split="test", features="v3", concede_to_peer=True)  # a cell's game

@@ -167,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         train_env = env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
         if cfg.replay:
             print(replay_line(train_env, cfg))
+            if benchmark_cell(cfg) is None:
+                print(f"No leaderboard row: {no_cell_reason(cfg)}")
         if options.evaluate:
             from baselines.evaluation.evaluate import check_problem_count
 
@@ -197,8 +199,6 @@ def main(argv: Sequence[str] | None = None) -> Policy:
             report = score(policy, cell, label=algo)
             report.save(os.path.join(cfg.out, "benchmark"))
             print(f"\nThe leaderboard's row (docs/benchmark.md):\n{report}")
-        elif cfg.replay:
-            print(f"\nNo leaderboard row: {no_cell_reason(cfg)}")
     close = getattr(backend, "close", None)
     if callable(close):
         close()
@@ -221,8 +221,9 @@ def no_cell_reason(cfg: BaseConfig) -> str:
     from baselines.benchmark import GAMES
 
     games = "; ".join(f"{game}: {options}" for game, options in GAMES.items())
-    return (f"--env-option {cfg.env_options} plays no benchmark game (the games' options, beside the recording's "
-            f"settings: {games}); score a policy of one with `python -m baselines.benchmark score`")
+    return (f"--env-option {cfg.env_options} plays no benchmark game: a cell is the recording's settings with one "
+            f"game's options ({games}), and any other option (another confidence source, fewer rounds, ...) is "
+            "another game; train with a game's options to get the row")
 
 
 def benchmark_cell(cfg: BaseConfig) -> str | None:
