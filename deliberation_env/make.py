@@ -54,7 +54,8 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "train"
     ``"train"``; evaluate on ``split="test"``). ``fallback`` answers what the set lacks; it must be the recorded model
     unless ``fallback_model`` names the one you accept instead. ``digest``: the set digest the set must have
     (``replay.card``; or name it ``"<set>#<digest>"``). A game that departs from the recording (``departures``: fewer
-    rounds, another recorded confidence source) warns, naming the set and each departure."""
+    rounds, another recorded confidence source) warns, naming the set and each departure; rounds past the recording
+    with ``refine_rounds`` (the benchmark's sequential games) do not."""
     replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset, digest)
     if digest is not None and replay.digest != digest:
         raise ReplayError(f"replay set {replay.card.name!r} ({replay.path}) has digest {replay.digest}, not the "
@@ -70,7 +71,8 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "train"
     backend = ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model)
     # the env takes every setting not given here from the set's recording (options.env_parts)
     env = parallel_env(backend=backend, split=split, data_dir=data_dir, **options)
-    departed = departures(card, getattr(env, "config", None) or env.unwrapped.config)
+    config = getattr(env, "config", None) or env.unwrapped.config
+    departed = departures(card, config, extensions=False)
     if departed:
         warnings.warn(f"{replay.identity} played with departures from its recording: {', '.join(departed)}; its "
                       "results are not the recorded game's (not a benchmark cell's)", DepartureWarning, stacklevel=2)

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import deliberation_env
+from baselines.benchmark import GAMES
 from deliberation_env.make import DepartureWarning, replay_env
 from deliberation_env.record import main as record
 from deliberation_env.replay import PINNED, ReplayBackend, ReplayError, ReplayMiss, ReplaySet, env_settings, shipped
@@ -172,4 +173,5 @@ def test_replay_env_warns_of_a_departure_from_the_recording_and_not_of_a_cell_s_
         replay_env("qwen05-arith-v2", split="test", confidence="critic")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        replay_env("qwen05-arith-v2", split="test", features="v3", concede_to_peer=True)  # a cell's game
+        for game in GAMES.values():  # every cell's game, the sequential ones too
+            replay_env("qwen05-arith-v2", split="test", **game)

@@ -211,7 +211,7 @@ def replay_line(env: Any, cfg: BaseConfig) -> str:
     from deliberation_env.replay.backend import replay_backend
 
     replay = next(r for r in map(replay_backend, env.backends) if r is not None)
-    departed = departures(replay.set.card, env.config)
+    departed = departures(replay.set.card, env.config, extensions=False)
     line = f"replay set {replay.set.identity} (name#digest: cite it with results)"
     return line + "".join(f"\ndeparture from the recording: {item}" for item in departed)
 

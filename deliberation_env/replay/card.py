@@ -238,14 +238,18 @@ def env_settings(card: ReplayCard) -> dict[str, Any]:
             "max_rounds": card.rounds, "confidence": card.confidence, "request_format": card.request_format, **settings}
 
 
-def departures(card: ReplayCard, config: DeliberationConfig) -> list[str]:
+def departures(card: ReplayCard, config: DeliberationConfig, *, extensions: bool = True) -> list[str]:
     """Where ``config`` plays another game than the set's recording (settings a set can serve differently: fewer
-    rounds, another recorded confidence source), e.g. ``["confidence='critic' (recorded 'critic_text')"]``."""
+    rounds, another recorded confidence source), e.g. ``["confidence='critic' (recorded 'critic_text')"]``.
+    ``extensions=False`` leaves out rounds past the recording played with REFINE masked (``refine_rounds`` up to the
+    recorded rounds): a game the set serves exactly, as the benchmark's sequential cells play it."""
     recorded = env_settings(card)
     played = {name: roles_setting(config.roles) if name == "roles" else getattr(config, name)
               for name in recorded if hasattr(config, name)}
+    refine = getattr(config, "refine_rounds", None)
+    extended = refine is not None and refine <= card.rounds < config.max_rounds
     return [f"{name}={value!r} (recorded {recorded[name]!r})" for name, value in played.items()
-            if value != recorded[name]]
+            if value != recorded[name] and (extensions or not (extended and name == "max_rounds"))]
 
 
 def shipped() -> list[str]:
