@@ -135,6 +135,8 @@ def hidden(backend, split="test", **options):
     ({"task_kwargs": {"levels": [2]}}, {"problem_index": 0}, "solve prompt of problem 'arithmetic-test-0'"),
     ({"num_agents": 4}, {"problem_index": 0}, "num_agents=3; a request of agent 3"),
     ({"streams": 3}, {"problem_index": 0}, "holds 2 stream"),
+    ({"roles": ["a", {"name": "b", "prompt": "no_code", "temperature": 0.7}, "a"]}, {"problem_index": 0},
+     "solve prompt of problem 'arithmetic-test-0' \\(stream \\d, agent 1\\)"),
 ])
 def test_a_hidden_env_of_another_game_is_refused_at_its_reset(sim_set, options, reset, message):
     backend = ReplayBackend(sim_set)
