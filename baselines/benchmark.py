@@ -19,6 +19,10 @@ otherwise), beside the best fixed protocol, which is chosen on the cell's valida
 |                                      | nodes' agents from their batched dict observations; exact                 |
 | an object with ``reset``/``act``     | an actor of the PettingZoo dict API, played once per test problem         |
 | a ``Policy`` or a ``policy.pt`` path | the baselines' policy, greedy (``greedy=False``: its exact expectation)   |
+| ``FlatObservations(f)``              | ``f(flat) -> probs``: (M, A) probabilities from (M, D) rows of the env's  |
+|                                      | ``observation="flat"`` vector (one row per agent); exact                  |
+| a Stable-Baselines3 model            | trained on ``observation="flat"`` (docs/interop.md): its policy's action  |
+|                                      | probabilities on the flat vector (``FlatObservations.of_sb3``); exact     |
 | ``"module:name"``                    | that object, or what calling it (no arguments) returns                    |
 
 Several training runs (a list of policies, or ``Scores`` saved earlier) give one row whose interval covers the runs
@@ -29,21 +33,30 @@ from __future__ import annotations
 
 import csv
 import functools
-import importlib
-import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from baselines.policy_forms import (
+    FlatObservations,
+    composed,
+    is_actor,
+    is_baselines_policy,
+    is_sb3_model,
+    resolve,
+    uniform,
+    validated,
+)
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 from deliberation_env.core.actions import num_actions
 from deliberation_env.engine import compile_tree, expected_scores, greedy_probabilities
+from deliberation_env.formats import ObservationFormat
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplaySet, load_card, shipped
@@ -86,6 +99,11 @@ class Cell:
     def env(self, split: str, **options: Any) -> Any:
         """The cell's PettingZoo env on ``split`` (``fit``, ``validation`` or ``test``; docs/benchmark.md)."""
         return replay_env(loaded(self.dataset), split, **self.options, **options)
+
+    @property
+    def digest(self) -> str:
+        """The set digest of the cell's set (``deliberation_env.replay.card``): what its scores were computed on."""
+        return loaded(self.dataset).digest
 
     def tree(self, split: str) -> Any:
         """The cell's compiled tree on ``split`` (cached on disk, checked when first loaded, then kept for the
@@ -153,12 +171,16 @@ class Scores:
     """Expected final-consensus accuracy per problem (0/1 for a greedy policy on a one-stream set)."""
     tokens: np.ndarray
     """Expected tokens per problem (the whole episode's, round 0 included)."""
+    digest: str | None = None
+    """The set digest of the cell's set these scores were computed on (None in files written before it was kept)."""
 
     def save(self, path: str | os.PathLike[str]) -> str:
-        """A CSV (``problem_id,accuracy,tokens``) with a ``# {json}`` first line naming label, cell and split."""
+        """A CSV (``problem_id,accuracy,tokens``) with a ``# {json}`` first line naming label, cell, split and the set
+        digest."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        meta = {"label": self.label, "cell": self.cell, "split": self.split, "digest": self.digest}
         with open(path, "w", encoding="utf-8", newline="") as f:
-            f.write("# " + json.dumps({"label": self.label, "cell": self.cell, "split": self.split}) + "\n")
+            f.write("# " + json.dumps(meta) + "\n")
             writer = csv.writer(f)
             writer.writerow(["problem_id", "accuracy", "tokens"])
             writer.writerows([pid, f"{a:.6g}", f"{t:.6g}"] for pid, a, t in zip(self.problem_ids, self.accuracy, self.tokens))
@@ -166,11 +188,14 @@ class Scores:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Scores:
+        """Scores saved by ``save``: runs scored in other processes or on other machines pool into one row with
+        ``score([Scores.load(p) for p in paths], cell)`` (every file of the cell's test split and set digest)."""
         with open(path, encoding="utf-8") as f:
             meta = json.loads(f.readline().removeprefix("# "))
             rows = list(csv.DictReader(f))
         return cls(meta["label"], meta["cell"], meta["split"], [r["problem_id"] for r in rows],
-                   np.array([float(r["accuracy"]) for r in rows]), np.array([float(r["tokens"]) for r in rows]))
+                   np.array([float(r["accuracy"]) for r in rows]), np.array([float(r["tokens"]) for r in rows]),
+                   meta.get("digest"))
 
 
 def policy_scores(policy: Any, cell: str | Cell, split: str = "test", *, greedy: bool = True,
@@ -178,17 +203,24 @@ def policy_scores(policy: Any, cell: str | Cell, split: str = "test", *, greedy:
     """``policy`` (any form of the module docstring's table) on every problem of the cell's ``split``."""
     cell = parse_cell(cell)
     policy = resolve(policy)
-    if _is_actor(policy):
+    if is_actor(policy):
         return _played(policy, cell, split, label)
     tree = cell.tree(split)
-    if _is_baselines_policy(policy):
+    if is_sb3_model(policy):
+        policy = FlatObservations.of_sb3(policy)
+    if isinstance(policy, FlatObservations):
+        checked = validated(policy)
+        exact = expected_scores(tree, composed(greedy_probabilities, checked) if greedy else checked,
+                                format=ObservationFormat(observation="flat"))
+        return Scores(label, cell.name, split, list(tree.problem_ids), exact["accuracy"], exact["tokens"], cell.digest)
+    if is_baselines_policy(policy):
         probabilities = _policy_probabilities(policy, cell, greedy)
     elif greedy:
-        probabilities = _composed(greedy_probabilities, policy)
+        probabilities = composed(greedy_probabilities, validated(policy))
     else:
-        probabilities = policy
+        probabilities = validated(policy)
     exact = expected_scores(tree, probabilities)
-    return Scores(label, cell.name, split, list(tree.problem_ids), exact["accuracy"], exact["tokens"])
+    return Scores(label, cell.name, split, list(tree.problem_ids), exact["accuracy"], exact["tokens"], cell.digest)
 
 
 def protocol_scores(cell: str | Cell, split: str, names: Sequence[str] = (*PROTOCOL_ROWS, "oracle")) -> dict[str, Scores]:
@@ -199,11 +231,11 @@ def protocol_scores(cell: str | Cell, split: str, names: Sequence[str] = (*PROTO
     out = {}
     for name in names:
         if name == "random":
-            out[name] = policy_scores(_uniform, cell, split, greedy=False, label=name)
+            out[name] = policy_scores(uniform, cell, split, greedy=False, label=name)
         elif name == "single":
             roots = tree.roots
             out[name] = Scores(name, cell.name, split, list(tree.problem_ids), tree.correct[roots, 0].mean(1),
-                               tree.tokens[roots, 0].mean(1).astype(float))
+                               tree.tokens[roots, 0].mean(1).astype(float), cell.digest)
         else:
             out[name] = _played(make_protocol(name), cell, split, name)
     return out
@@ -232,6 +264,10 @@ class Report:
     protocol_scores: Scores
     level: float = 0.95
     extra: dict[str, Any] = field(default_factory=dict)
+    digest: str | None = None
+    """The set digest of the cell's set (``Cell.digest``): cite it with the cell."""
+    departures: list[str] = field(default_factory=list)
+    """Where the policies were not trained as the leaderboard trains (``trained_departures``): each printed."""
 
     @property
     def per_run(self) -> list[float]:
@@ -264,7 +300,9 @@ class Report:
                 f"run(s)): accuracy {self.accuracy:.3f} (IQM {self.iqm:.3f}; runs {runs}), {self.tokens:,.0f} tokens "
                 f"per problem; vs {self.protocol} ({self.protocol_scores.accuracy.mean():.3f}, the best protocol on "
                 f"validation): {100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] points "
-                f"({100 * self.level:g}% interval over runs and problems)")
+                f"({100 * self.level:g}% interval over runs and problems); set digest {self.digest}, "
+                f"deliberation-env {package_version()}"
+                + "".join(f"\n  departure: {line}" for line in self.departures))
 
     def save(self, folder: str | os.PathLike[str]) -> str:
         """Every run's per-problem scores (``run<k>.csv``), the protocol's, and ``row.json``."""
@@ -276,7 +314,8 @@ class Report:
         row = {"cell": self.cell, "label": self.label, "accuracy": self.accuracy, "iqm": self.iqm,
                "per_run": self.per_run, "tokens": self.tokens, "protocol": self.protocol,
                "protocol_accuracy": float(self.protocol_scores.accuracy.mean()), "difference": diff,
-               "low": low, "high": high, "level": self.level, **self.extra}
+               "low": low, "high": high, "level": self.level, "set_digest": self.digest,
+               "package_version": package_version(), "departures": self.departures, **self.extra}
         path = os.path.join(folder, "row.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(row, f, indent=1)
@@ -291,12 +330,55 @@ def score(policies: Any, cell: str | Cell, *, greedy: bool = True, label: str = 
     many = policies if isinstance(policies, (list, tuple)) else [policies]
     if not many:
         raise ValueError("score() needs at least one policy")
-    runs = [p if isinstance(p, Scores) else policy_scores(p, cell, "test", greedy=greedy, label=label) for p in many]
+    resolved = [p if isinstance(p, Scores) else resolve(p) for p in many]
+    departed = [line for p in resolved if not isinstance(p, Scores) for line in trained_departures(p, cell)]
+    runs = [p if isinstance(p, Scores) else policy_scores(p, cell, "test", greedy=greedy, label=label) for p in resolved]
     if any(run.split != "test" or run.cell != cell.name for run in runs):
         raise ValueError(f"every Scores given must be of {cell.name}'s test split")
+    other = next((run for run in runs if run.digest not in (None, cell.digest)), None)
+    if other is not None:
+        raise ValueError(f"Scores {other.label!r} were computed on set digest {other.digest}, {cell.name} here is "
+                         f"{cell.digest}: another version of the set; score every run on the same set")
     protocol = best_protocol(cell)
     reference = protocol_scores(cell, "test", (protocol,))[protocol]
-    return Report(cell.name, label, runs, protocol, reference, level)
+    return Report(cell.name, label, runs, protocol, reference, level, digest=cell.digest,
+                  departures=list(dict.fromkeys(departed)))
+
+
+def trained_departures(policy: Any, cell: Cell) -> list[str]:
+    """How ``policy`` was trained unlike the leaderboard's runs on ``cell``, from what its checkpoint records
+    (``baselines.meta.policy.trained_game``): another set or set version, a split that holds validation or test
+    problems (the protocol is chosen on validation, the row read on test), env options beyond the cell's game (another
+    confidence source, fewer rounds). Empty for a policy that records nothing (a function, an actor)."""
+    game = getattr(policy, "trained_on", None)
+    if not game:
+        return []
+    out, name = [], loaded(cell.dataset).card.name
+    if game.get("set") != name or game.get("digest") not in (None, cell.digest):
+        out.append(f"trained on set {game.get('set')!r} (digest {game.get('digest')}), scored on {name!r} "
+                   f"(digest {cell.digest}): another set, or another version of it")
+    split = game.get("split")
+    if split != "fit":
+        holds = {"train": "the validation problems the protocol is chosen on", "validation": "the validation problems",
+                 "test": "the test problems the row is read on"}.get(str(split), "problems other than fit's")
+        out.append(f"trained on split {split!r}, which holds {holds}: the leaderboard trains on 'fit' "
+                   "(--train-split fit)")
+    options = {key: value for key, value in dict(game.get("env_options") or {}).items()
+               if cell.options.get(key, _DEFAULTS.get(key)) != value}
+    if options:
+        out.append(f"trained with env options {options}, the cell's game is {cell.options}: another game")
+    return out
+
+
+_DEFAULTS: dict[str, Any] = {"features": "v1", "concede_to_peer": False}
+"""The game options a run states even at their default (``baselines.meta.train.benchmark_cell`` reads them alike)."""
+
+
+def package_version() -> str:
+    """The version of ``deliberation_env`` that scored a row (cite it with the set digest)."""
+    import deliberation_env
+
+    return deliberation_env.__version__
 
 
 def interquartile_mean(values: Sequence[float]) -> float:
@@ -309,46 +391,6 @@ def interquartile_mean(values: Sequence[float]) -> float:
 
 
 # ----------------------------------------------------------------------------- what a policy may be
-def resolve(policy: Any) -> Any:
-    """A ``"module:name"`` spec or a checkpoint path -> the object it names (called if it takes no arguments)."""
-    if isinstance(policy, (str, os.PathLike)):
-        text = os.fspath(policy)
-        if os.path.isfile(text) or text.endswith(".pt"):
-            from baselines.meta.policy import load_policy
-
-            return load_policy(text)
-        module, _, name = text.partition(":")
-        if not name:
-            raise ValueError(f"a policy spec is a checkpoint path or 'module:name', got {text!r}")
-        try:
-            found = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"cannot load policy {text!r}: {error}") from error
-        if callable(found) and not _is_actor(found) and _required_parameters(found) == 0:
-            found = found()
-        return resolve(found) if isinstance(found, (str, os.PathLike)) else found
-    return policy
-
-
-def _required_parameters(function: Callable[..., Any]) -> int:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return -1
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
-
-
-def _is_actor(policy: Any) -> bool:
-    return not isinstance(policy, type) and callable(getattr(policy, "act", None)) and callable(getattr(policy, "reset", None)) \
-        and not _is_baselines_policy(policy)
-
-
-def _is_baselines_policy(policy: Any) -> bool:
-    from baselines.meta.policy import Policy
-
-    return isinstance(policy, Policy)
-
-
 def _policy_probabilities(policy: Any, cell: Cell, greedy: bool) -> Any:
     from baselines.meta.policy import agent_layout
     from baselines.meta.tree_rollout import policy_probabilities
@@ -361,15 +403,6 @@ def _policy_probabilities(policy: Any, cell: Cell, greedy: bool) -> Any:
     return policy_probabilities(policy.eval(), layout, greedy)
 
 
-def _composed(outer: Callable[[Any], Any], inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    return lambda observations, nodes: outer(inner(observations, nodes))
-
-
-def _uniform(observations: Any, nodes: Any) -> np.ndarray:
-    mask = np.asarray(observations["action_mask"], float)
-    return mask / mask.sum(-1, keepdims=True)
-
-
 def _played(actor: Any, cell: Cell, split: str, label: str) -> Scores:
     """Each problem of the split played once (reset seed 0) by ``actor`` through the cell's env."""
     from baselines.evaluation.evaluate import play_episodes
@@ -377,7 +410,8 @@ def _played(actor: Any, cell: Cell, split: str, label: str) -> Scores:
     env = cell.env(split)
     records = play_episodes([env], [actor], [(0, p) for p in range(len(env.problems))])
     return Scores(label, cell.name, split, [p.id for p in env.problems],
-                  np.array([float(r["correct"]) for r in records]), np.array([float(r["tokens"]) for r in records]))
+                  np.array([float(r["correct"]) for r in records]), np.array([float(r["tokens"]) for r in records]),
+                  cell.digest)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -86,12 +86,27 @@ class _Lines:
         self.stream.flush()
 
 
+class _LogBar(tqdm):
+    """A bar for a log: a postfix or description change waits for the next line (tqdm's default redraws at once,
+    which the trainers' per-update ``set_postfix`` turns into a line per update)."""
+
+    def set_postfix(self, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        super().set_postfix_str(s, refresh=False)
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        super().set_description(desc, refresh=False)
+
+
 def progress_bar(total: int, description: str, enabled: bool = True, file: TextIO | None = None) -> tqdm:
     """A progress bar on ``file`` (default stderr). On a terminal it redraws in place; elsewhere (a log file, CI) it
-    writes a line at most every ``LOG_INTERVAL_S`` seconds, and the last, so that the log is not flooded."""
+    writes a line at most every ``LOG_INTERVAL_S`` seconds (postfix changes included), and the last, so that the log
+    is not flooded."""
     stream = file if file is not None else sys.stderr
     if getattr(stream, "isatty", lambda: False)():
         return tqdm(total=total, desc=description, unit="ep", disable=not enabled, dynamic_ncols=True, leave=False,
                     file=stream)
-    return tqdm(total=total, desc=description, unit="ep", disable=not enabled, file=_Lines(stream), ncols=80,
-                mininterval=LOG_INTERVAL_S, maxinterval=float("inf"))
+    return _LogBar(total=total, desc=description, unit="ep", disable=not enabled, file=_Lines(stream), ncols=80,
+                   mininterval=LOG_INTERVAL_S, maxinterval=float("inf"))

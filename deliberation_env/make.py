@@ -10,11 +10,19 @@ They sit above the env, replay and analysis modules, which never import them: th
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from deliberation_env.env import DeliberationEnv
 from deliberation_env.replay.backend import ReplayBackend
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, split_mismatch, split_problem_ids, task_mismatch
+from deliberation_env.replay.dataset import (
+    ReplayError,
+    ReplaySet,
+    departures,
+    split_mismatch,
+    split_problem_ids,
+    task_mismatch,
+)
 
 
 def parallel_env(task: Any = None, backend: Any = "sim", num_agents: int | None = None, max_rounds: int | None = None,
@@ -38,13 +46,20 @@ def parallel_env(task: Any = None, backend: Any = "sim", num_agents: int | None 
 
 
 def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "train", *, fallback: Any = None,
-               fallback_model: str | None = None, data_dir: str | None = None, **options: Any) -> Any:
+               fallback_model: str | None = None, data_dir: str | None = None, digest: str | None = None,
+               **options: Any) -> Any:
     """A ``parallel_env`` on a replay set with the set's own recorded settings (task, prompts, agents, rounds,
     confidence, tokens, streams); ``options`` override env keywords (e.g. ``observation="flat"``, ``max_rounds``
     below the recorded rounds, another recorded ``confidence``, ``trace=``). ``split``: the set's split (default
     ``"train"``; evaluate on ``split="test"``). ``fallback`` answers what the set lacks; it must be the recorded model
-    unless ``fallback_model`` names the one you accept instead."""
-    replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
+    unless ``fallback_model`` names the one you accept instead. ``digest``: the set digest the set must have
+    (``replay.card``; or name it ``"<set>#<digest>"``). A game that departs from the recording (``departures``: fewer
+    rounds, another recorded confidence source) warns, naming the set and each departure; rounds past the recording
+    with ``refine_rounds`` (the benchmark's sequential games) do not."""
+    replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset, digest)
+    if digest is not None and replay.digest != digest:
+        raise ReplayError(f"replay set {replay.card.name!r} ({replay.path}) has digest {replay.digest}, not the "
+                          f"pinned {digest}: it is another set than the one pinned")
     card, where = replay.card, f"replay set {replay.card.name!r} ({replay.path})"
     if options.get("task", card.task) != card.task:
         raise ReplayError(task_mismatch(card, where, options["task"]))
@@ -55,4 +70,14 @@ def replay_env(dataset: str | os.PathLike[str] | ReplaySet, split: str = "train"
         raise ReplayError(split_mismatch(card, where, split))
     backend = ReplayBackend(replay, fallback=fallback, fallback_model=fallback_model)
     # the env takes every setting not given here from the set's recording (options.env_parts)
-    return parallel_env(backend=backend, split=split, data_dir=data_dir, **options)
+    env = parallel_env(backend=backend, split=split, data_dir=data_dir, **options)
+    config = getattr(env, "config", None) or env.unwrapped.config
+    departed = departures(card, config, extensions=False)
+    if departed:
+        warnings.warn(f"{replay.identity} played with departures from its recording: {', '.join(departed)}; its "
+                      "results are not the recorded game's (not a benchmark cell's)", DepartureWarning, stacklevel=2)
+    return env
+
+
+class DepartureWarning(UserWarning):
+    """A replay env whose game departs from its set's recording (``replay.departures``)."""

@@ -74,6 +74,34 @@ def test_sb3_ppo_on_flat_observations_beats_random_legal_play(one_torch_thread, 
     assert_beats_random_legal(lambda obs, rng: int(model.predict(obs, deterministic=True)[0]))
 
 
+def test_sb3_trained_on_fit_is_scored_on_its_cell(one_torch_thread, tmp_path, monkeypatch):
+    """docs/interop.md's benchmark recipe: SB3 on the cell's game on `fit`, scored as it is by `score`, exactly as it
+    plays greedily through the env (no flattening by hand)."""
+    from baselines.benchmark import parse_cell, score
+    from baselines.evaluation.evaluate import play_episodes
+
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path))
+    set_random_seed(0)
+    env = deliberation_env.replay_env("qwen05-arith-v2", "fit", observation="flat", features="v2")
+    env.reset(seed=0)
+    vec = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 4, num_cpus=0, base_class="stable_baselines3")
+    model = PPO("MlpPolicy", vec, n_steps=64, batch_size=256, verbose=0)
+    model.learn(total_timesteps=512)
+    report = score(model, "qwen05-arith-v2:v2", label="sb3-ppo")
+    assert str(report).startswith("sb3-ppo on qwen05-arith-v2:v2 (test, 400 problems, 1 run(s))")
+
+    class Greedy:
+        def reset(self, seed=None):
+            pass
+
+        def act(self, observations, infos):
+            return {a: int(model.predict(o, deterministic=True)[0]) for a, o in observations.items()}
+
+    test = parse_cell("qwen05-arith-v2:v2").env("test", observation="flat")
+    played = play_episodes([test], [Greedy()], [(0, p) for p in range(len(test.problems))])
+    assert np.array_equal(report.runs[0].accuracy, [float(r["correct"]) for r in played])
+
+
 def test_torchrl_ppo_shared_policy_beats_random_legal_play(one_torch_thread):
     torch.manual_seed(0)
     agents, frames = 3, 600

@@ -41,3 +41,16 @@ def test_a_terminal_gets_the_usual_bar_redrawn_in_place():
         for _ in range(50):
             bar.update(1)
     assert "\r" in out.getvalue() and bar.mininterval == 0.1
+
+
+def test_a_log_gets_no_line_per_postfix_either():
+    """The trainers set a postfix after every update: in a log that waits for the next line, as the counts do."""
+    out = io.StringIO()
+    with logger.progress_bar(500, "ppo", file=out) as bar:
+        for step in range(500):
+            bar.update(1)
+            bar.set_postfix(acc=step / 500, ret=1.0)
+            bar.set_description("ppo")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines  # the first and the last, which shows the last postfix
+    assert "500/500" in lines[-1] and "acc=0.998" in lines[-1]

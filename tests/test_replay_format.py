@@ -294,6 +294,11 @@ def test_a_hub_revision_can_be_pinned(small_set, copy, tmp_path, monkeypatch):
     assert ReplaySet(f"{HUB_PREFIX}someone/small@{old}").card.name == "older"
     with pytest.raises(ReplayError, match="not in the local hub cache"):
         ReplaySet(f"{HUB_PREFIX}someone/small@{'3' * 40}")
+    # a revision and the set digest together: the content of that revision, or a ReplayError naming both digests
+    pinned = ReplaySet(small_set).digest
+    assert ReplaySet(f"{HUB_PREFIX}someone/small@{new}#{pinned}").digest == pinned
+    with pytest.raises(ReplayError, match=f"has digest [0-9a-f]{{16}}, not the pinned {pinned}"):
+        ReplaySet(f"{HUB_PREFIX}someone/small@{old}#{pinned}")
 
 
 @pytest.mark.parametrize("name", ["someone/small/extra", "some one/small", "someone/small@", "someone/sm..all",

@@ -18,7 +18,6 @@ from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
 from deliberation_env.registry import TASKS
 from deliberation_env.replay import ReplayBackend, ReplayError, ReplaySet, env_settings
-from deliberation_env.replay.backend import ReplayMiss
 from deliberation_env.replay.dataset import load_card, shipped, write_card
 from deliberation_env.replay.format import read_chunk, write_chunk
 from deliberation_env.replay.stats import round0_accuracy
@@ -172,15 +171,16 @@ def test_a_fallback_does_not_fill_the_requests_of_an_unchecked_env(sim_set, tmp_
     assert backend.misses == 0 and not [n for n in load_card(tmp_path / "copy").files if "fallback" in n]
 
 
-def test_a_miss_of_a_checked_env_is_still_a_replay_miss(sim_set):
-    """The binding check refuses unchecked envs only: a checked env's request outside the tree names its place."""
+def test_a_request_beyond_the_recording_is_refused_as_another_game(sim_set):
+    """A problem the set does not hold, under the checked settings: a ReplayError naming it and how to record it
+    (a checked env's plain miss: tests/test_replay_identity.py)."""
     card = ReplaySet(sim_set).card
     backend = ReplayBackend(sim_set)
     env = deliberation_env.parallel_env(backend=backend, **env_settings(card), split="test")
     env.reset(seed=0)
     core = Deliberation(env.task, env.config)
     core.start(env.task.problems("test")[9], 0)  # a problem the set does not hold, under the checked settings
-    with pytest.raises(ReplayMiss, match="arithmetic-test-9"):
+    with pytest.raises(ReplayError, match="holds no problem 'arithmetic-test-9'.*deliberation_env.record"):
         backend.generate(core.pending_requests())
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from deliberation_env.protocols import make_protocol
 from deliberation_env.record import main as record
 from deliberation_env.registry import BACKENDS
 from deliberation_env.replay import ReplaySet
+from deliberation_env.replay.card import load_card, write_card
 from deliberation_env.vector import Start, run_episodes
 from deliberation_env.view.__main__ import main as view_main
 from deliberation_env.view.episodes import load_policies
@@ -282,3 +285,19 @@ def test_trace_pages_show_the_question_gold_and_probabilities_and_compare_choice
     (tmp_path / "unbuildable.jsonl").write_text(json.dumps(line) + "\n")
     page = (build_trace_site([tmp_path / "unbuildable.jsonl"], tmp_path / "x").out / "problems" / "trace-00000.html")
     assert "cannot be built here" in page.read_text()
+
+
+def test_a_trace_played_on_another_set_is_refused_beside_this_set_s_grids(small_set, tmp_path, capsys):
+    """A trace names the set it was played on (name#digest); the view of another set, or of this set's name at
+    another digest, refuses it instead of marking another recording's choices on these grids."""
+    trace = play_traces(small_set, tmp_path / "traces.jsonl", labels=("threshold",), problems=1)
+    assert {e.replay_set for e in read_traces(trace)} == {small_set.identity}
+    other = Path(shutil.copytree(small_set.path, tmp_path / "other"))
+    card = load_card(other)
+    card.notes = [*card.notes, "re-recorded elsewhere"]  # the same name, another set: another digest
+    write_card(other, card)
+    with pytest.raises(ValueError, match=rf"played on replay set {small_set.identity}, the view shows markup#"):
+        build_set_site(other, tmp_path / "site", splits=["test"], traces=[trace])
+    with pytest.raises(SystemExit):
+        view_main([str(other), "--out", str(tmp_path / "x"), "--split", "test", "--trace", str(trace)])
+    assert "played on replay set" in capsys.readouterr().err

@@ -199,6 +199,8 @@ class Policy(nn.Module):
         super().__init__()
         self.layout, self.hidden = layout, hidden
         self.net = build_network(layout, layout.num_actions, hidden)
+        self.trained_on: dict[str, Any] | None = None
+        """The game it trained on (``trained_game``), set by the trainer's CLI and ``load_policy``."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return masked_logits(self.net(x), mask)
@@ -237,12 +239,27 @@ def kl_and_entropy(log_p: torch.Tensor, log_q: torch.Tensor) -> tuple[torch.Tens
 
 
 # ----------------------------------------------------------------------------- checkpoints
+def trained_game(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a run on a replay set trained on, as its checkpoint records it: the set's name and digest, the split and
+    the env options (``baselines.benchmark.score`` names where they depart from the cell it scores on); None off
+    replay."""
+    if not config.get("replay"):
+        return None
+    from deliberation_env.replay import load_card, set_digest
+
+    options = {key: value for key, value in dict(config.get("env_options") or {}).items()
+               if isinstance(value, (int, float, str, bool, type(None), list, dict))}
+    return {"set": load_card(config["replay"]).name, "digest": set_digest(config["replay"]),
+            "split": config.get("train_split", "train"), "env_options": options}
+
+
 def save_checkpoint(path: str, policy: Policy, algo: str, config: Mapping[str, Any], **extra: Any) -> str:
-    """Weights + config + observation layout and feature format, loadable with ``load_policy(path)``."""
+    """Weights + config + observation layout and feature format, and the game it trained on (``trained_game``),
+    loadable with ``load_policy(path)``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     torch.save({
         "format": CHECKPOINT_FORMAT, "feature_format": FEATURE_FORMAT, "algo": algo, "hidden": policy.hidden,
-        "layout": asdict(policy.layout),
+        "layout": asdict(policy.layout), "trained_on": trained_game(config),
         "config": {k: v for k, v in dict(config).items() if isinstance(v, (int, float, str, bool, type(None)))},
         "state_dict": policy.state_dict(), **extra,
     }, path)
@@ -267,8 +284,10 @@ def load_checkpoint(path: str) -> dict[str, Any]:
 
 
 def load_policy(path: str) -> Policy:
-    """The policy stored by ``save_checkpoint`` (eval mode). ``policy.act(observations)`` plays it."""
+    """The policy stored by ``save_checkpoint`` (eval mode), with what it trained on as ``trained_on`` (None for
+    checkpoints from before it was recorded). ``policy.act(observations)`` plays it."""
     data = load_checkpoint(path)
     policy = Policy(ObsLayout(**data["layout"]), data["hidden"])
     policy.load_state_dict(data["state_dict"])
+    policy.trained_on = data.get("trained_on")
     return policy.eval()

@@ -23,11 +23,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from baselines.meta.config import BaseConfig, build_backend, env_kwargs, make_env_fn
-from baselines.meta.policy import Policy, load_checkpoint
+from baselines.meta.policy import Policy, load_checkpoint, trained_game
 from deliberation_env.cli import (
     BACKEND_FLAGS,
     ArgumentParser,
@@ -164,7 +164,11 @@ def main(argv: Sequence[str] | None = None) -> Policy:
     with user_input():
         backend = build_backend(cfg)
         env_fn = make_env_fn(cfg, cfg.train_split, backend)
-        env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
+        train_env = env_fn()  # an unknown task, missing data or a bad env option fails here, in one line
+        if cfg.replay:
+            print(replay_line(train_env, cfg))
+            if benchmark_cell(cfg) is None:
+                print(f"No leaderboard row: {no_cell_reason(cfg)}")
         if options.evaluate:
             from baselines.evaluation.evaluate import check_problem_count
 
@@ -179,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
         os.makedirs(cfg.out, exist_ok=True)
     start = time.time()
     policy = run(algo, cfg, env_fn)
+    policy.trained_on = trained_game(asdict(cfg))
     print(f"trained {algo} in {time.time() - start:.0f}s -> {os.path.join(cfg.out, 'policy.pt')}")
     if cfg.cache:
         print(cache_report(backend))
@@ -193,14 +198,32 @@ def main(argv: Sequence[str] | None = None) -> Policy:
 
             report = score(policy, cell, label=algo)
             report.save(os.path.join(cfg.out, "benchmark"))
-            note = "" if cfg.train_split == "fit" else (
-                f" (trained on {cfg.train_split!r}, which holds the validation problems the protocol is chosen on: "
-                "--train-split fit trains as the leaderboard does)")
-            print(f"\nThe leaderboard's row (docs/benchmark.md){note}:\n{report}")
+            print(f"\nThe leaderboard's row (docs/benchmark.md):\n{report}")
     close = getattr(backend, "close", None)
     if callable(close):
         close()
     return policy
+
+
+def replay_line(env: Any, cfg: BaseConfig) -> str:
+    """The set a replay run plays, by name and digest, and each departure of its game from the set's recording."""
+    from deliberation_env.replay import departures
+    from deliberation_env.replay.backend import replay_backend
+
+    replay = next(r for r in map(replay_backend, env.backends) if r is not None)
+    departed = departures(replay.set.card, env.config, extensions=False)
+    line = f"replay set {replay.set.identity} (name#digest: cite it with results)"
+    return line + "".join(f"\ndeparture from the recording: {item}" for item in departed)
+
+
+def no_cell_reason(cfg: BaseConfig) -> str:
+    """Why a replay run's env options are no benchmark cell (``benchmark_cell`` gave None)."""
+    from baselines.benchmark import GAMES
+
+    games = "; ".join(f"{game}: {options}" for game, options in GAMES.items())
+    return (f"--env-option {cfg.env_options} plays no benchmark game: a cell is the recording's settings with one "
+            f"game's options ({games}), and any other option (another confidence source, fewer rounds, ...) is "
+            "another game; train with a game's options to get the row")
 
 
 def benchmark_cell(cfg: BaseConfig) -> str | None:

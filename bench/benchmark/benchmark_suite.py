@@ -35,9 +35,28 @@ import numpy as np
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
-from baselines.benchmark import GAMES, PROTOCOL_ROWS, interquartile_mean, parse_cell, protocol_scores, shipped_cells
+from baselines.benchmark import (
+    GAMES,
+    PROTOCOL_ROWS,
+    interquartile_mean,
+    loaded,
+    package_version,
+    parse_cell,
+    protocol_scores,
+    shipped_cells,
+)
 from bench.common.results import RESULTS, command_line
-from bench.common.suite import EXTERNAL, TRAINERS, choices, folder_name, headline, margins, read, train_and_score
+from bench.common.suite import (
+    EXTERNAL,
+    TRAINERS,
+    check_digests,
+    choices,
+    folder_name,
+    headline,
+    margins,
+    read,
+    train_and_score,
+)
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -111,6 +130,7 @@ def report(args, skipped: list[str] = ()) -> str:
     cells, incomplete = [], []
     for cell in args.cells:
         found = read(os.path.join(args.out, folder_name(cell)))
+        check_digests(cell, found)
         for algo, trainer in list(found["trainers"].items()):
             if len(trainer["runs"]) < args.seeds:  # a sweep under way: its row waits for all its seeds
                 incomplete.append(f"{cell.name} {algo}: {len(trainer['runs'])} of {args.seeds} seeds")
@@ -126,7 +146,10 @@ def report(args, skipped: list[str] = ()) -> str:
              f"Trained on `fit` ({args.episodes} episodes a run), every choice made on `validation`, read on `test` "
              f"once. Intervals: hierarchical bootstrap over the seeds and, paired, the problems, at the "
              f"Bonferroni-corrected level {100 * level:.2f}% for the {comparisons} learned-vs-protocol comparisons "
-             f"below (simultaneous 95%); the {pairs} pairs of trainers, at {100 * pair_level:.2f}% (their own family's).", ""]
+             f"below (simultaneous 95%); the {pairs} pairs of trainers, at {100 * pair_level:.2f}% (their own family's).", "",
+             "Sets (name#digest, docs/benchmark.md#citing-a-row): "
+             + ", ".join(f"`{loaded(name).identity}`" for name in sorted({cell.dataset for cell, _ in cells}))
+             + f"; deliberation-env {package_version()}.", ""]
     lines += overview(found_cells, level)
     if found_cells:
         chosen, algo = headline(cells)

@@ -65,7 +65,7 @@ def final_tests(folder: str) -> list[str]:
 
 def read(folder: str) -> dict:
     """What a cell's folder holds: protocols per split, and per trainer its tuning and final runs (an external row's
-    training frames too: ``external_frames``)."""
+    training frames too: ``external_frames``), and the set digests its scores name (``digests``)."""
     found: dict = {"protocols": {}, "trainers": {}}
     for path in glob.glob(os.path.join(folder, "protocols", "*.csv")):
         scores = Scores.load(path)
@@ -84,7 +84,18 @@ def read(folder: str) -> dict:
             found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen,
                                        "validation": float(np.mean([v.accuracy.mean() for v in validation])),
                                        "frames": external_frames(os.path.join(folder, algo))}
+    loaded_scores = [*(s for split in found["protocols"].values() for s in split.values()),
+                     *(s for trainer in found["trainers"].values() for s in trainer["runs"])]
+    found["digests"] = sorted({s.digest for s in loaded_scores if s.digest is not None})  # none in older files
     return found
+
+
+def check_digests(cell, found: dict) -> None:
+    """A cell's folder (``read``) holds scores of the cell's set only: ValueError naming the other digest if not."""
+    other = [digest for digest in found["digests"] if digest != cell.digest]
+    if other:
+        raise ValueError(f"{cell.name}: its folder holds scores computed on set digest {other[0]}, the set is "
+                         f"{cell.digest} here (another version of it): score them again, or move them aside")
 
 
 def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:

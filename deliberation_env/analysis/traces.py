@@ -33,6 +33,7 @@ from pettingzoo.utils.wrappers import BaseParallelWrapper
 from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core.deliberation import Action
 from deliberation_env.core.tools import request_kinds
+from deliberation_env.replay.backend import replay_backend
 
 TRACE_VERSION = 1
 ACTIONS: tuple[str, ...] = tuple(action.name for action in Action)
@@ -105,6 +106,9 @@ class Episode:
     rounds: tuple[Round, ...]
     version: int = TRACE_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    replay_set: str | None = None
+    """``<name>#<digest>`` of the replay set the episode was played on (``ReplaySet.identity``); None off replay and
+    in traces written before it was recorded."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -186,6 +190,8 @@ class TraceWrapper(BaseParallelWrapper):
         self.writer, self.label, self.owns_writer = writer, label, owned
         self.task_settings = task_settings(env.task, dict(task_kwargs or {}))
         self.backend_ids = tuple(_identity(b) for b in env.backends)
+        replays = [r for r in map(replay_backend, env.backends) if r is not None]
+        self.replay_set = replays[0].set.identity if replays else None
         self.options = {k: v for k, v in asdict(env.config).items() if k not in ("num_agents", "max_rounds")}
         self.options["reward_weights"] = dict(self.options["reward_weights"])
         self.rounds: list[Round] = []
@@ -258,6 +264,7 @@ class TraceWrapper(BaseParallelWrapper):
                 problem_id=problem.id, difficulty=problem.difficulty, seed=core.seed, label=self.label,
                 num_agents=core.config.num_agents, max_rounds=core.config.max_rounds,
                 backends=self.backend_ids, options=self.options, rounds=tuple(self.rounds),
+                replay_set=self.replay_set,
             ))
             self.rounds = []
 
@@ -351,6 +358,7 @@ def episode_from_dict(record: Any) -> Episode:
         max_rounds=_get(record, "max_rounds", (int,), ""), backends=tuple(backends),
         options=_get(record, "options", (dict,), ""), rounds=rounds,
         version=version, extra=_get(record, "extra", (dict,), "") if "extra" in record else {},
+        replay_set=_get(record, "replay_set", (str,), "", optional=True) if "replay_set" in record else None,
     )
 
 

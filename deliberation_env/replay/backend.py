@@ -125,6 +125,9 @@ class ReplayBackend:
         self.misses += len(gaps)
         if gaps:
             if self.fallback is None:
+                for i in gaps:  # a request of a game the set was not recorded for is refused as such, not a miss
+                    if (refusal := self._refusal(requests[i])) is not None:
+                        raise ReplayError(refusal)
                 raise ReplayMiss(self._describe_miss(requests[gaps[0]], len(gaps)))
             filled = self.fallback.generate([rich_request(requests[i]) for i in gaps])
             by_split: dict[str, list[dict[str, Any]]] = {}
@@ -174,6 +177,44 @@ class ReplayBackend:
         return (f"replay set {name!r} was asked for a {request.kind} completion with max_tokens={request.max_tokens}, "
                 f"temperature={request.temperature}, which no env bound to it asks for: the env that sent it was never "
                 f"checked against the set ({fix}; the set was recorded with {sampling})")
+
+    def _refusal(self, request: Request) -> str | None:
+        """Why a request the set lacks comes from another game than the recorded one (the error's text), or None
+        for a plain miss. A set holds every request of its recorded problems' trees (the index and contents are
+        checked at bind), so a miss of an env that plays the recorded game is damage or a partial set's branch; one
+        that plays another game (an env behind a wrapper that hides the backend, so never checked) is named here,
+        at the first request that differs: its reset for problems, levels, prompts, roles, agents beyond the recorded
+        team and streams; its first step for a smaller team or another concede rule (their round-0 requests are all
+        recorded)."""
+        card, place = self.set.card, self._place(request)
+        name = f"replay set {card.name!r} ({self.set.path})"
+        recorded = {pid for ids in card.splits.values() for pid in ids}
+        unchecked = ("the env that sent it plays another game than the recording (behind a wrapper that hides the "
+                     "backend, no check ran: give the ReplayBackend to the env itself, or expose it as `inner`, and "
+                     "the env is checked at construction)")
+        if request.problem is not None and request.problem not in recorded:
+            split = place["split"] if place["split"] != "?" else "SPLIT"
+            return (f"{name} holds no problem {request.problem!r} (its splits: {self.set.problem_counts()}; asked: "
+                    f"a {request.kind} request of round {place['round']}, agent {request.agent}): {unchecked}; a "
+                    f"split past the recorded problems or other task_kwargs ({card.task_kwargs} recorded). To add the "
+                    f"problem, record it with `python -m deliberation_env.record --out {self.set.path} --split "
+                    f"{split} --problem-ids {request.problem} ...`, or pass fallback=<live backend>")
+        agents = card.settings.get("num_agents")
+        if isinstance(agents, int) and request.agent >= agents:
+            return f"{name} was recorded with num_agents={agents}; a request of agent {request.agent}: {unchecked}"
+        if place["stream"] < 0:
+            return (f"{name} holds {card.streams} stream(s) per problem (request format {card.request_format}); the "
+                    f"{request.kind} request of problem {request.problem!r}, agent {request.agent} has the seed of no "
+                    f"recorded stream and round: {unchecked} (streams= or request_format=)")
+        if request.kind == "solve":
+            return (f"{name}: the solve prompt of problem {request.problem!r} (stream {place['stream']}, agent "
+                    f"{request.agent}) is not the recorded one: {unchecked} (other task_kwargs, such as levels or "
+                    f"the prompt style, or other roles; recorded task_kwargs {card.task_kwargs})")
+        if 0 <= place["round"] <= (0 if card.partial else card.rounds):
+            return (f"{name} holds every request of problem {request.problem!r}'s tree up to round {card.rounds}, "
+                    f"but not this {request.kind} request of round {place['round']}, agent {request.agent}: "
+                    f"{unchecked} (a team of another size, another concede rule or confidence source)")
+        return None
 
     def _describe_miss(self, request: Request, count: int) -> str:
         place, card = self._place(request), self.set.card

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +32,29 @@ import pyarrow.parquet as pq
 from deliberation_env.backends.base import Completion, Request
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.roles import roles_setting
-from deliberation_env.core.seeds import REQUEST_FORMAT, REQUEST_FORMATS
-from deliberation_env.replay.format import DAMAGE_FIX, MIGRATE_COMMAND, DamagedSet, read_chunk, verify
+from deliberation_env.replay.card import (  # noqa: F401 - re-exported: the set's card, where sets are found
+    EMPTY_DIGEST,
+    FORMAT,
+    HUB_PREFIX,
+    KEY_JSON,
+    OLD_FORMATS,
+    PINNED,
+    SETS_DIR,
+    ReplayCard,
+    ReplayError,
+    departures,
+    env_settings,
+    load_card,
+    problem_digests,
+    read_card,
+    resolve,
+    set_digest,
+    shipped,
+    write_card,
+)
+from deliberation_env.replay.format import DAMAGE_FIX, DamagedSet, read_chunk, verify
 from deliberation_env.tasks.base import PeerView, Problem, Task
 
-FORMAT = "deliberation-replay/2"
-"""Parquet chunks and problem tables, checksummed in the card (``replay.format``)."""
-OLD_FORMATS = ("deliberation-replay/1",)
-"""Formats ``replay.migrate`` converts (JSON-lines chunks, no checksums, no problem table)."""
-SETS_DIR = Path(__file__).resolve().parent / "sets"
-"""Where the replay sets shipped with the package live (one folder each)."""
-HUB_PREFIX = "hf://"
 SETTING_FIELDS = ("num_agents", "concede_target", "reintrospect_concede", "max_tokens", "critic_max_tokens",
                   "temperature", "critic_temperature")
 """The ``DeliberationConfig`` fields that change which requests an episode makes (besides rounds and confidence)."""
@@ -52,16 +62,11 @@ RECORD_FIELDS = ("key", "split", "problem", "stream", "round", "agent", "kind", 
                  "completion_tokens", "finish_reason", "top_logprobs", "token_logprobs")
 LOOKUP_MEMO = 1 << 16
 """Completions ``ReplaySet.lookup`` remembers at most (then it starts over)."""
-_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 DERIVED_SPLITS = {"validation": "train", "fit": "train"}
 """Splits carved from a recorded one (docs/benchmark.md): ``validation`` holds a third of the recorded ``train``
 problems, stratified by level (``validation_ids``), ``fit`` the others. Fixed by the set's problem ids and levels, so
 every run and machine carves them alike; a set that records a split of one of these names plays its own."""
 VALIDATION_FRACTION = 1 / 3
-
-
-class ReplayError(ValueError):
-    """A replay set that cannot serve the env asked of it (names the set, the difference and the fix)."""
 
 
 _KEYS: dict[tuple, str] = {}
@@ -77,7 +82,7 @@ def request_key(request: Request) -> str:
     fields = (request.messages, request.seed, request.max_tokens, request.temperature, request.top_p)
     key = _KEYS.get(fields)
     if key is None:
-        payload = _KEY_JSON.encode({"messages": [[m.role, m.content] for m in request.messages],
+        payload = KEY_JSON.encode({"messages": [[m.role, m.content] for m in request.messages],
                                     "seed": int(request.seed), "max_tokens": request.max_tokens,
                                     "temperature": float(request.temperature), "top_p": float(request.top_p)})
         key = hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -122,7 +127,7 @@ def prompt_fingerprint(task: Task) -> str:
     peers = [PeerView("5", "2 + 3 = 5."), PeerView(None, "I could not finish.")]
     messages = (task.solve_messages(probe), task.refine_messages(probe, "2 + 3 = 6. The answer is 6", peers),
                 task.critic_messages(probe, "2 + 3 = 5. The answer is 5"))
-    text = _KEY_JSON.encode([[[m.role, m.content] for m in group] for group in messages])
+    text = KEY_JSON.encode([[[m.role, m.content] for m in group] for group in messages])
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
@@ -135,186 +140,19 @@ def settings_of(config: DeliberationConfig) -> dict[str, Any]:
     return settings
 
 
-@dataclass
-class ReplayCard:
-    """``card.json``: everything that determines a replay set's requests, and what it holds."""
-
-    name: str
-    model: str
-    """The recording backend's ``identity()``."""
-    backend: str
-    """How the model was run (backend class and options, quantisation)."""
-    task: str
-    task_kwargs: dict[str, Any]
-    settings: dict[str, Any]
-    """``SETTING_FIELDS`` of the recording env."""
-    rounds: int
-    confidence: str
-    """The confidence source ``replay_env`` uses by default."""
-    confidence_sources: list[str]
-    """Every source whose tree is recorded (each episode's requests under it are all in the set)."""
-    streams: int
-    prompt_fingerprint: str
-    splits: dict[str, list[str]] = field(default_factory=dict)
-    """Recorded problem ids per split, in recording order."""
-    concede_targets: str = "rule"
-    """``rule``: CONCEDE recorded to the target of ``settings["concede_target"]`` only; ``all``: to every peer that
-    holds another answer, so the set serves every concede-target rule (and chosen targets)."""
-    notes: list[str] = field(default_factory=list)
-    """Known limits of the recording, shown in its README."""
-    partial: bool = False
-    """True when rounds past the first were recorded on sampled branches only (``branch_limit``)."""
-    branch_limit: int | None = None
-    format: str = FORMAT
-    request_format: int = REQUEST_FORMAT
-    sampling: dict[str, Any] = field(default_factory=dict)
-    """Every sampling parameter of the requests (temperatures, top_p, token limits, how seeds are derived)."""
-    weights: dict[str, Any] = field(default_factory=dict)
-    """The model file's ``sha256``, ``bytes``, ``file``, ``source`` and ``license``; or ``sha256`` None and why."""
-    versions: dict[str, str] = field(default_factory=dict)
-    """Library versions of the recording (Python, deliberation_env, torch, transformers, llama_cpp, ...)."""
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Every data file (``chunks/...``, ``problems/...``) with its ``sha256``, ``records`` and ``bytes``:
-    loading checks them."""
-    commands: list[str] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
-    """Coverage, tree sizes, accuracy per level and size (written by the recorder)."""
-    reproducibility: dict[str, Any] = field(default_factory=dict)
-    """Whether the recording engine gives a request's completion again, measured
-    (``bench/studies/recording_determinism.py``): ``reproduces`` (True, False, or None when not measured), ``summary``
-    (what was measured, in words), ``measured`` (when and with what command). Empty in sets recorded before it was
-    stated."""
-    index: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Each recorded chunk's problems and how many records of each it holds (``records_per_problem``): the whole
-    tree the recorder walked. Binding checks the records against it; empty in sets recorded before it."""
-
-    folder: Path | None = field(default=None, compare=False, repr=False, metadata={"stored": False})
-    """The set's folder, where the card was read from (not stored in ``card.json``)."""
-
-    def to_json(self) -> str:
-        stored = {name: value for name, value in asdict(self).items() if name != "folder"}
-        return json.dumps(stored, indent=1, sort_keys=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str, formats: tuple[str, ...] = (FORMAT,)) -> ReplayCard:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ReplayError(f"{where} is not valid JSON ({error}); {DAMAGE_FIX}") from error
-        known = {f.name for f in fields(cls)}
-        found = data.get("format") if isinstance(data, dict) else None
-        if found in OLD_FORMATS and found not in formats:
-            raise ReplayError(f"{where} has the old format {found!r} (JSON-lines chunks without checksums); this "
-                              f"package reads {FORMAT!r}: convert the set once with `{MIGRATE_COMMAND} "
-                              f"{Path(where).parent}`")
-        if found not in formats:
-            raise ReplayError(f"{where} has format {found!r}, this package reads {FORMAT!r}")
-        missing = [name for name in ("name", "model", "task", "settings", "rounds", "streams") if name not in data]
-        if missing:
-            raise ReplayError(f"{where} lacks {missing}; {DAMAGE_FIX}")
-        card = cls(**{key: value for key, value in data.items() if key in known - {"folder"}},
-                   folder=Path(where).parent)
-        if card.request_format not in REQUEST_FORMATS:
-            raise ReplayError(f"{where} was recorded with request format {card.request_format!r}; this version of "
-                              f"deliberation_env reads formats {REQUEST_FORMATS}: record the set again")
-        return card
-
-    def config(self, **overrides: Any) -> DeliberationConfig:
-        """The recording's ``DeliberationConfig`` (its settings, rounds, default confidence and streams)."""
-        values: dict[str, Any] = {**self.settings, "max_rounds": self.rounds, "confidence": self.confidence,
-                                  "streams": self.streams, "request_format": self.request_format}
-        values.update(overrides)
-        return DeliberationConfig(**values)
-
-
-def resolve(name_or_path: str | os.PathLike[str]) -> Path:
-    """The folder of a replay set: a path, a set shipped in the package, or ``hf://owner/name[@revision]`` on the
-    hub (a revision, a branch, tag or commit, pins what is loaded)."""
-    text = os.fspath(name_or_path)
-    if text.startswith(HUB_PREFIX):
-        return _from_hub(text[len(HUB_PREFIX):])
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return path
-    if re.fullmatch(r"[A-Za-z0-9_.-]+", text) and (SETS_DIR / text).is_dir():
-        return SETS_DIR / text
-    raise ReplayError(f"no replay set {text!r}: not a folder, not one of the shipped sets ({', '.join(shipped())}), "
-                      f"and not a hub id (write {HUB_PREFIX}owner/name or {HUB_PREFIX}owner/name@revision)")
-
-
-def load_card(name_or_path: str | os.PathLike[str]) -> ReplayCard:
-    """A replay set's card alone (without reading its completions)."""
-    path = resolve(name_or_path) / "card.json"
-    if not path.is_file():
-        raise ReplayError(f"{path.parent} has no card.json: not a replay set")
-    return ReplayCard.from_json(path.read_text(encoding="utf-8"), str(path))
-
-
-def env_settings(card: ReplayCard) -> dict[str, Any]:
-    """The ``parallel_env`` keywords that reproduce a set's recording (task, prompts, agents, rounds, sampling)."""
-    settings = dict(card.settings)
-    return {"task": card.task, "task_kwargs": dict(card.task_kwargs), "num_agents": settings.pop("num_agents"),
-            "max_rounds": card.rounds, "confidence": card.confidence, "request_format": card.request_format, **settings}
-
-
-def departures(card: ReplayCard, config: DeliberationConfig) -> list[str]:
-    """Where ``config`` plays another game than the set's recording (settings a set can serve differently: fewer
-    rounds, another recorded confidence source), e.g. ``["confidence='critic' (recorded 'critic_text')"]``."""
-    recorded = env_settings(card)
-    played = {name: roles_setting(config.roles) if name == "roles" else getattr(config, name)
-              for name in recorded if hasattr(config, name)}
-    return [f"{name}={value!r} (recorded {recorded[name]!r})" for name, value in played.items()
-            if value != recorded[name]]
-
-
-def shipped() -> list[str]:
-    """The names of the replay sets shipped in the package."""
-    return sorted(p.name for p in SETS_DIR.iterdir() if (p / "card.json").is_file()) if SETS_DIR.is_dir() else []
-
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
-_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
-
-
-def _from_hub(spec: str) -> Path:
-    """``owner/name[@revision]`` downloaded (or found in the local hub cache) by ``snapshot_download``."""
-    repo_id, _, revision = spec.partition("@")
-    form = f"write {HUB_PREFIX}owner/name, or {HUB_PREFIX}owner/name@revision to pin a branch, tag or commit"
-    if (not _HUB_ID.fullmatch(repo_id) or ".." in repo_id or repo_id.endswith(".")
-            or (revision and (not _REVISION.fullmatch(revision) or ".." in revision)) or spec.endswith("@")):
-        raise ReplayError(f"{HUB_PREFIX}{spec} is not a hub dataset id: {form}")
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RevisionNotFoundError
-    except ImportError as error:  # pragma: no cover - huggingface_hub comes with `datasets`, a dependency
-        raise ReplayError("loading a replay set from the hub needs huggingface_hub (pip install huggingface_hub)") from error
-    try:
-        return Path(snapshot_download(repo_id=repo_id, repo_type="dataset", revision=revision or None))
-    except LocalEntryNotFoundError as error:
-        raise ReplayError(f"replay set {HUB_PREFIX}{spec} is not in the local hub cache and the hub cannot be "
-                          "reached (offline?); download it once with network access, or pass a local folder") from error
-    except RevisionNotFoundError as error:
-        raise ReplayError(f"replay set {HUB_PREFIX}{repo_id} has no revision {revision!r}: name a branch, tag or "
-                          "commit of the dataset repository") from error
-    except HFValidationError as error:
-        raise ReplayError(f"{HUB_PREFIX}{spec} is not a hub dataset id ({error}): {form}") from error
-
-
 class ReplaySet:
     """A loaded replay set: its card and its completions by ``request_key``."""
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = resolve(path)
-        card_file = self.path / "card.json"
-        if not card_file.is_file():
-            raise ReplayError(f"{self.path} has no card.json: not a replay set (record one with "
-                              "`python -m deliberation_env.record`)")
-        self.card = ReplayCard.from_json(card_file.read_text(encoding="utf-8"), str(card_file))
+    def __init__(self, path: str | os.PathLike[str], digest: str | None = None):
+        """``path``: a folder, a shipped set's name or ``hf://owner/name[@revision]``, optionally ``#<digest>``;
+        ``digest``: the set digest it must have (``card.read_card``; a shipped set must have its ``PINNED`` one)."""
+        self.path, self.card, self.digest = read_card(
+            path, digest, "not a replay set (record one with `python -m deliberation_env.record`)")
         self.records: dict[str, dict[str, Any]] = {}
         self._found: dict[tuple[Any, ...], Completion] = {}
         self._passed: set[tuple[Any, ...]] = set()
-        self._held: Counter[str] | None = None
-        """Records per problem, counted at the first check (``_check_index``)."""
+        self._held: dict[str, list[dict[str, Any]]] | None = None
+        """Each problem's records, grouped at the first check (``_check_index``)."""
         self.checks_run = 0
         """How many times ``check`` checked a split's solve requests against the records (it remembers each pass,
         by split, request settings, prompts and problem questions)."""
@@ -325,7 +163,13 @@ class ReplaySet:
         return len(self.records)
 
     def __repr__(self) -> str:
-        return f"ReplaySet({self.card.name!r}, {len(self)} completions, splits {self.problem_counts()})"
+        return (f"ReplaySet({self.card.name!r}, digest {self.digest}, {len(self)} completions, "
+                f"splits {self.problem_counts()})")
+
+    @property
+    def identity(self) -> str:
+        """How results name the set: ``<name>#<digest>`` (``ReplaySet("<name>#<digest>")`` loads only that set)."""
+        return f"{self.card.name}#{self.digest}"
 
     def problem_counts(self) -> dict[str, int]:
         return {split: len(ids) for split, ids in self.card.splits.items()}
@@ -401,7 +245,8 @@ class ReplaySet:
                *(getattr(config, name) for name in SETTING_FIELDS))
         if key not in self._passed:
             self._check_index(problems)
-            self._check_solve_requests(task, config, problems)
+            self._check_solve_requests(task, config, problems)  # first: another task's problems are named as such
+            self._check_problem_table(split, problems)
             self._passed.add(key)
         return problems
 
@@ -419,16 +264,41 @@ class ReplaySet:
         if not card.index:
             return  # recorded before the index: `python -m deliberation_env.record --check` walks its trees
         if self._held is None:
-            self._held = Counter(record["problem"] for record in self.records.values())
+            self._held = {}
+            for record in self.records.values():
+                self._held.setdefault(record["problem"], []).append(record)
         expected = {problem: (name, count) for name, counts in card.index.items() for problem, count in counts.items()}
         for problem in problems:
             if problem.id not in expected:
                 raise ReplayError(f"{where}: problem {problem.id!r} is recorded (card.json's splits) but no chunk of "
                                   f"its index holds it; {fix}")
             name, count = expected[problem.id]
-            if self._held[problem.id] < count:
-                raise ReplayError(f"{where}: problem {problem.id!r} holds {self._held[problem.id]} records, {name} held "
+            held = self._held.get(problem.id, [])
+            if len(held) < count:
+                raise ReplayError(f"{where}: problem {problem.id!r} holds {len(held)} records, {name} held "
                                   f"{count} of it when recorded (a record was removed); {fix}")
+            recorded = card.contents.get(problem.id)
+            if recorded is not None and problem_digests(held).get(problem.id, EMPTY_DIGEST) != recorded:
+                raise ReplayError(f"{where}: the records of problem {problem.id!r} differ from those {name} held when "
+                                  f"recorded (card.json's contents: a record removed, replaced, added or edited); "
+                                  f"{fix}")
+
+    def _check_problem_table(self, split: str, problems: Sequence[Problem]) -> None:
+        """The set's problems table (``problems/<split>.parquet``: the questions and gold answers the card's
+        statistics and any reader of the set use) is the task's: a gold answer changed in the table is refused."""
+        name = f"problems/{task_split(self.card, split)}.parquet"
+        if name not in self.card.files:
+            return  # a set written before problem tables (migrated sets have one)
+        table = pq.read_table(self.path / name, columns=["id", "question", "answer"]).to_pydict()
+        rows = {pid: (question, answer) for pid, question, answer in zip(table["id"], table["question"], table["answer"])}
+        for problem in problems:
+            row = rows.get(problem.id)
+            if row != (problem.question, problem.answer):
+                what = "lacks it" if row is None else ("has another question" if row[0] != problem.question else
+                                                       f"has gold answer {row[1]!r}, the task {problem.answer!r}")
+                raise ReplayError(f"replay set {self.card.name!r} ({self.path}): {name} {what} for problem "
+                                  f"{problem.id!r}: the table is not the task's (task_kwargs {self.card.task_kwargs}); "
+                                  f"{DAMAGE_FIX}")
 
     def _check_solve_requests(self, task: Task, config: DeliberationConfig, problems: Sequence[Problem]) -> None:
         """Each problem's first request (its solve prompt under ``config``) is in the set."""
@@ -536,9 +406,3 @@ def read_records(path: Path, card: ReplayCard | None = None, *, strict: bool = T
         raise ReplayError(f"replay set {card.name!r} ({path}): {error}") from error
     for chunk in chunks:
         yield from read_chunk(chunk)
-
-
-def write_card(path: Path, card: ReplayCard) -> None:
-    partial = path / "card.json.tmp"
-    partial.write_text(card.to_json(), encoding="utf-8")
-    os.replace(partial, path / "card.json")

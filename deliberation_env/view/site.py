@@ -55,6 +55,12 @@ def build_set_site(source: str | os.PathLike | ReplaySet, out: str | os.PathLike
         raise ValueError(f"replay set {card.name!r} recorded CONCEDE to its rule's peer only, so it has no grid of "
                          "chosen concede targets: drop --chosen-targets")
     policies = load_policies(traces, labels)
+    other = next((e for policy in policies for played in policy.episodes.values() for e in played
+                  if e.replay_set is not None and e.replay_set != replay.identity), None)
+    if other is not None:
+        raise ValueError(f"a trace's episodes (label {other.label!r}) were played on replay set {other.replay_set}, "
+                         f"the view shows {replay.identity}: their actions and outcomes are another recording's; "
+                         "show them with the set they were played on, or trace a run on this one")
     trees: list[ProblemTree] = []
     for split in chosen:
         count = len(card.splits[split])
