@@ -5,8 +5,10 @@ against sampled play."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,3 +299,52 @@ def test_the_gymnasium_vector_form_restarts_episodes_on_the_next_step(two_round_
         assert np.allclose(rewards.reshape(64, 3), tree.rewards[edges, joint])  # the tree's rewards for these actions
         assert terminations.all() == (step % 3 == 1) and not truncations.any()  # 2 rounds, no early stop
 
+
+def test_sampled_actions_are_legal_and_uniform_over_the_legal_ones():
+    tree = compile_tree("qwen05-arith-v2", "test", problems=range(8), cache=False)
+    env = TreeEnv(tree, 40_000)
+    env.reset(seed=0)
+    legal = tree.mask[env.node].astype(bool)  # (B, N, A)
+    assert (legal.sum(-1) == 2).any() and (legal.sum(-1) == 3).any()  # CONCEDE masked for some agents, not all
+    actions = env.sample_actions(np.random.default_rng(1))
+    assert np.take_along_axis(legal, actions[..., None], -1).all()
+    for count in (2, 3):  # each legal action about 1/count of the picks, within 5 standard errors
+        mine = legal.sum(-1) == count
+        picks = legal[mine].cumsum(-1)[np.arange(mine.sum()), actions[mine]] - 1  # which of the legal ones
+        shares = np.bincount(picks, minlength=count) / mine.sum()
+        assert np.abs(shares - 1 / count).max() < 5 * np.sqrt((1 / count) * (1 - 1 / count) / mine.sum())
+
+
+def test_a_step_without_observations_leaves_them_to_reset_done(two_round_set):
+    tree = compile_tree(two_round_set, "test", cache=False)
+    env = TreeEnv(tree, 32)
+    env.reset(seed=5)
+    rng = np.random.default_rng(0)
+    observed, _, _, _, info = env.step(env.sample_actions(rng), observe=False)
+    assert observed is None and info["tokens_total"].shape == (32, 3)
+    nodes = env.node.copy()
+    observations, _ = env.reset_done()  # nobody ended after round 1 of 2: the same nodes, observed now
+    assert np.array_equal(env.node, nodes)
+    again = env.observe(nodes)
+    for key, value in observations.items():
+        assert np.array_equal(value, again[key]), key
+    assert np.array_equal(observations["peers"][:, 0, 0], observations["self"][:, 1])  # agent 0's first peer: agent 1
+    with pytest.raises(ValueError, match="read-only"):  # "self" and "peers" are views of one buffer
+        observations["self"][0, 0, 0] = 1.0
+
+
+def test_the_engine_benchmark_needs_only_the_train_extra_and_names_the_one_it_lacks(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "bench" / "benchmark" / "engine_throughput.py"
+    results = script.parents[1] / "results" / "engine_throughput.md"
+    before = results.stat().st_mtime_ns if results.exists() else None
+    (tmp_path / "pygame.py").write_text('raise ImportError("No module named pygame")\n')  # as if pygame were absent
+    path = os.pathsep.join([str(tmp_path), str(script.parents[2]), os.environ.get("PYTHONPATH", "")])
+    environment = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=tmp_path,
+                           env=environment)
+    assert shown.returncode == 0 and "--baseline" in shown.stdout, shown.stderr
+    run = subprocess.run([sys.executable, str(script), "--trainers"], capture_output=True, text=True, cwd=tmp_path,
+                         env=environment)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and ".[bench]" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pygame.py"]  # nothing written where it ran
+    assert (results.stat().st_mtime_ns if results.exists() else None) == before

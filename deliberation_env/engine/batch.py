@@ -72,8 +72,7 @@ class TreeEnv:
         self.observation_space = self.format.space(n, tree.num_features, tree.num_actions)
         """One agent's observation space, as the PettingZoo env's ``observation_space(agent)``."""
         self._tables = packed_arrays(tree)
-        self._flat_mask = self.format.mode == "flat" and self.format.mask_in_observation
-        self._observations = flat_with_mask(tree) if self._flat_mask else self._tables.observations
+        self._observations = observation_table(tree, self.format)
         self._joint_weights = tree.num_actions ** np.arange(n - 1, -1, -1)
         self.node = np.zeros(num_envs, np.int64)
         """Each episode's current node in the tree."""
@@ -132,7 +131,7 @@ class TreeEnv:
             raise RuntimeError("step() with every episode ended; call reset() or reset_done()")
         ints = self._ints if every else self._ints[live]
         chosen = actions if every else actions[live]
-        if (chosen.astype(np.uint64, copy=False) >= tree.num_actions).any():  # negatives wrap around to large
+        if chosen.min() < 0 or chosen.max() >= tree.num_actions:
             raise ValueError(f"actions must be in [0, {tree.num_actions}), got {chosen.min()}..{chosen.max()}")
         tables = self._tables
         legal = (ints[:, tables.legal] >> chosen) & 1
@@ -173,14 +172,15 @@ class TreeEnv:
         return observations, floats[:, :, 0], done, np.zeros(self.num_envs, bool), info
 
     def sample_actions(self, rng: np.random.Generator | None = None) -> np.ndarray:
-        """(B, N) uniformly random legal actions at the current nodes (an action space's ``sample(mask)``; the pick
-        among k legal actions is ``floor(u * k)`` of a float32 uniform u, so each is uniform to within 2**-24)."""
+        """(B, N) uniformly random legal actions at the current nodes (an action space's ``sample(mask)``): among k
+        legal actions the ``floor(k * w / 2**32)``-th, for w 32 random bits of ``rng``'s generator (so each is
+        uniform to within 2**-32)."""
         rng = rng or self.rng
         tables = self._tables
         legal = self._ints[:, tables.legal]
-        uniforms = rng.random(legal.shape, dtype=np.float32)
-        pick = (uniforms * np.take(tables.legal_count, legal)).astype(np.int64)  # the pick-th legal action
-        return np.take(tables.legal_action, legal * tables.legal_action.shape[1] + pick)
+        words = rng.bit_generator.random_raw((legal.size + 1) // 2).view(np.uint32)[:legal.size].reshape(legal.shape)
+        pick = ((words * np.take(tables.legal_count, legal)) >> np.uint64(32)).view(np.int64)  # the pick-th legal one
+        return np.take(tables.legal_action, legal * self.tree.num_actions + pick)
 
     def observe(self, nodes: np.ndarray) -> Any:
         """The observations of the given nodes, in this env's format (batched over ``nodes``' shape)."""
@@ -236,20 +236,26 @@ class TreeEnv:
             if seed is not None:
                 self.rng = np.random.default_rng(seed)  # gymnasium's seeding.np_random(seed): the env's generator
             picked, episode_seeds = episode_draws(self.rng, count, problem_count, fixed)
-        return tree.roots[picked, episode_seeds % tree.streams].astype(np.int64)  # stream: seed % streams
+        streams = tree.streams  # the stream is the episode seed modulo the streams
+        return np.take(self._tables.roots, picked if streams == 1 else picked * streams + episode_seeds % streams)
 
     def _observe(self, nodes: np.ndarray) -> Any:
-        """One gather of the packed features (and one of the int8 masks), then views in the env's format."""
+        """One gather of the observation table (and one of the int8 masks), then views in the env's format."""
         tree, n, width = self.tree, self.tree.num_agents, self.tree.num_features
-        packed = np.take(self._observations, nodes, axis=0)
+        gathered = np.take(self._observations, nodes, axis=0)
         if self.format.mode == "flat":
-            return packed
+            return gathered
         mask = np.take(tree.mask, nodes, axis=0)
         if self.format.mode == "masked":
-            return {self.format.observation_key: packed, self.format.mask_key: mask}
-        lead = packed.shape[:-1]
-        raw = {"self": packed[..., :width], "peers": packed[..., width:n * width].reshape(*lead, n - 1, width),
-               "agreement": packed[..., n * width:], "action_mask": mask}
+            return {self.format.observation_key: gathered, self.format.mask_key: mask}
+        gathered.flags.writeable = False  # "self" and "peers" share rows: a write to one would show in the other
+        lead, rows = gathered.shape[:-1], (2 * n - 1) * width
+        item = gathered.itemsize
+        raw = {"self": gathered[..., :n * width].reshape(*lead, n, width),
+               "peers": np.lib.stride_tricks.as_strided(gathered[..., width:], (*lead, n, n - 1, width),
+                                                        (*gathered.strides[:-1], width * item, width * item, item),
+                                                        writeable=False),
+               "agreement": gathered[..., rows:].reshape(*lead, n, n - 1), "action_mask": mask}
         return self.format.observation_batch(raw)
 
 
@@ -257,17 +263,17 @@ class TreeEnv:
 class Packed:
     """What a step reads, packed per node and per edge so that a step is a few gathers (``np.take``)."""
 
-    observations: np.ndarray
-    """(M, N, D) float32: each agent's flat observation (own row, peers' rows, agreement)."""
     node_ints: np.ndarray
     """(M, K) int32: the info columns (``info``), each agent's legal actions as bits, the node's edge row."""
     edges: np.ndarray
     """(E * J, N * (1 + C) + 2) float32: per edge and joint action, each agent's reward and reward components, then
     the child node and whether the episode ends (int32, stored in the float32 columns)."""
     legal_count: np.ndarray
-    """(2**A,) float32: per set of legal actions (as bits), how many actions it holds."""
+    """(2**A,) uint64: per set of legal actions (as bits), how many actions it holds."""
+    roots: np.ndarray
+    """(P * S,) int64: ``tree.roots`` flat (problem-major)."""
     legal_action: np.ndarray
-    """(2**A, A) int64: per set of legal actions (row) and k (column), its k-th legal action (0 past the last)."""
+    """(2**A * A,) int64: at ``bits * A + k``, the k-th legal action of set ``bits`` (0 past the last)."""
     num_agents: int
 
     @property
@@ -297,15 +303,14 @@ class Packed:
 
 _PACKED: dict[int, tuple[CompiledTree, Packed]] = {}
 """Packed arrays by tree (its id, kept with the tree so that the id is not reused): built once per tree."""
-_FLAT_WITH_MASK: dict[int, tuple[CompiledTree, np.ndarray]] = {}
+_TABLES: dict[tuple[int, str], tuple[CompiledTree, np.ndarray]] = {}
 
 
 def packed_arrays(tree: CompiledTree) -> Packed:
     """The tree's ``Packed`` arrays (built on the first call for a tree, then kept)."""
     if id(tree) in _PACKED:
         return _PACKED[id(tree)][1]
-    n, rows = tree.num_agents, tree.rows
-    raw = {"self": rows, "peers": rows[:, tree.peer_matrix, :], "agreement": tree.agreement}
+    n = tree.num_agents
     legal = (tree.mask.astype(np.int64) << np.arange(tree.num_actions)).sum(-1)
     node_ints = np.concatenate([tree.consensus_correct[:, None], tree.correct, tree.tokens, tree.oracle,
                                 tree.problem[:, None], tree.stream[:, None], legal, tree.expand[:, None]],
@@ -319,22 +324,41 @@ def packed_arrays(tree: CompiledTree) -> Packed:
     for bits in sets:
         actions = [a for a in range(tree.num_actions) if bits >> a & 1]
         legal_action[bits, :len(actions)] = actions
-    packed = Packed(np.ascontiguousarray(raw_flat(raw, ("self", "peers", "agreement"))), node_ints, edges,
-                    np.array([bin(bits).count("1") for bits in sets], np.float32), legal_action, n)
+    packed = Packed(node_ints, edges, np.array([bin(bits).count("1") for bits in sets], np.uint64),
+                    tree.roots.reshape(-1).astype(np.int64), legal_action.reshape(-1), n)
     if len(_PACKED) >= 8:
         _PACKED.clear()
     _PACKED[id(tree)] = (tree, packed)
     return packed
 
 
-def flat_with_mask(tree: CompiledTree) -> np.ndarray:
-    """(M, N, D + A) float32: the flat observation with the action mask as its last A entries (built once per tree)."""
-    if id(tree) not in _FLAT_WITH_MASK:
-        if len(_FLAT_WITH_MASK) >= 8:
-            _FLAT_WITH_MASK.clear()
-        table = np.concatenate([packed_arrays(tree).observations, tree.mask.astype(np.float32)], axis=-1)
-        _FLAT_WITH_MASK[id(tree)] = (tree, table)
-    return _FLAT_WITH_MASK[id(tree)][1]
+def observation_table(tree: CompiledTree, format: ObservationFormat) -> np.ndarray:
+    """Per node, what ``TreeEnv._observe`` gathers for ``format`` (built once per tree and form), float32:
+
+    - the dict form: (M, (2N-1) F + N (N-1)): the agents' rows 0..N-1 and again 0..N-2, then each agent's agreement,
+      so that agent i's peers (i+1, ..., i+N-1 mod N: ``tree.peer_matrix``) are the N-1 rows after its own, a view;
+    - the flat and masked forms: (M, N, D): each agent's flat observation (own row, peers' rows, agreement), and
+      the mask as D's last A entries when the flat form holds it."""
+    n = tree.num_agents
+    if format.mode == "dict":
+        form = "ring"
+    else:
+        form = "flat+mask" if format.mode == "flat" and format.mask_in_observation else "flat"
+    if (id(tree), form) in _TABLES:
+        return _TABLES[id(tree), form][1]
+    count = tree.num_nodes
+    if form == "ring":
+        table = np.concatenate([tree.rows[:, list(range(n)) + list(range(n - 1)), :].reshape(count, -1),
+                                tree.agreement.reshape(count, -1)], axis=1)
+    else:
+        raw = {"self": tree.rows, "peers": tree.rows[:, tree.peer_matrix, :], "agreement": tree.agreement}
+        if form == "flat+mask":
+            raw["action_mask"] = tree.mask
+        table = raw_flat(raw, tuple(raw))
+    if len(_TABLES) >= 8:
+        _TABLES.clear()
+    _TABLES[id(tree), form] = (tree, np.ascontiguousarray(table, np.float32))
+    return _TABLES[id(tree), form][1]
 
 
 def raw_flat(raw: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
@@ -401,7 +425,7 @@ def _bulk_draws(rng: np.random.Generator, count: int, problem_count: int) -> tup
     else:
         after["has_uint32"], after["uinteger"] = 0, int(halves[-1])
     bits.state = after
-    return (product >> np.uint64(32)).astype(np.int64), (seeds >> np.uint64(2)).astype(np.int64)
+    return (product >> np.uint64(32)).view(np.int64), (seeds >> np.uint64(2)).view(np.int64)  # both < 2**62
 
 
 @functools.cache
