@@ -191,7 +191,8 @@ class TreeEnv:
         return self.tree.rows[self.node].reshape(self.num_envs, -1)
 
     def node_info(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
-        """The info arrays (module docstring) of the given nodes, but ``tokens_total``, which depends on the path."""
+        """The info arrays (module docstring) of the given nodes, all but ``tokens_total`` (the sum along an episode's
+        path, which this env keeps per row)."""
         nodes = np.asarray(nodes)
         return self._tables.info(np.take(self._tables.node_ints, nodes, axis=0), nodes)
 
