@@ -5,10 +5,15 @@ against sampled play."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from deliberation_env.core.seeds import stream_seed
 from deliberation_env.engine import StaleTree, TreeEnv, compile_tree, expected_scores, greedy_probabilities
 from deliberation_env.engine import tree as tree_module
 from deliberation_env.make import replay_env
@@ -16,7 +21,7 @@ from deliberation_env.record import main as record
 from deliberation_env.replay import ReplaySet
 
 SIM_FLAGS = ["--backend", "sim", "--task-option", "levels=[0,1]", "--max-tokens", "64", "--agents", "3"]
-INFO_KEYS = ("consensus_correct", "correct", "tokens", "oracle_action")
+INFO_KEYS = ("consensus_correct", "correct", "tokens", "tokens_total", "oracle_action")
 GAMES = {  # every shipped set and the games the suite plays on it (and other recorded confidence sources and rules)
     "qwen05-arith": [{"features": "v1"}, {"features": "v2"}, {"features": "v2", "confidence": "answer_logprobs"}],
     "qwen05-arith-v2": [{"features": "v1"}, {"features": "v2"}, {"features": "v3", "concede_to_peer": True},
@@ -112,6 +117,71 @@ def test_seeded_resets_draw_the_env_s_problems_and_streams(two_round_set):
         drawn.append((env.deliberation.problem.id, env.deliberation.seed))
     assert [tree.problem_ids[p] for p in info["problem"]] == [problem for problem, _ in drawn]
     assert len(set(info["stream"].tolist())) == 2
+
+
+def env_draws(env, episodes, seed=None, options=None):
+    """(problem id, stream) of the env's next ``episodes`` resets: the first with ``seed``, the others unseeded;
+    ``options``: each reset's (a list) or every reset's."""
+    drawn = []
+    for episode in range(episodes):
+        env.reset(seed=seed if episode == 0 else None, options=options[episode] if isinstance(options, list) else options)
+        problem = env.deliberation.problem.id  # the episode runs on its stream's seed (core.seeds.stream_seed)
+        streams = [s for s in range(env.config.streams) if stream_seed(s, problem, env.config.request_format) ==
+                   env.deliberation.seed]
+        drawn.append((problem, streams[0]))
+    return drawn
+
+
+def tree_draws(tree, info, rows=None):
+    """(problem id, stream) of the given rows' episodes (all rows by default)."""
+    rows = range(len(info["problem"])) if rows is None else rows
+    return [(tree.problem_ids[info["problem"][i]], int(info["stream"][i])) for i in rows]
+
+
+def test_a_seeded_batch_plays_the_env_s_episodes_after_that_seed_and_reset_done_continues_them(two_round_set):
+    tree = compile_tree(two_round_set, "test", cache=False)
+    env = replay_env(two_round_set, "test")
+    expected = env_draws(env, 48, seed=7)  # the env's reset(seed=7), then 47 unseeded resets
+    batch = TreeEnv(tree, 16)
+    _, info = batch.reset(seed=7)
+    assert tree_draws(tree, info) == expected[:16]
+    assert len(set(expected[:16])) == 6  # every problem and stream of the set is among them
+    rng = np.random.default_rng(0)
+    while not batch.ended.all():
+        batch.step(batch.sample_actions(rng))
+    first = np.arange(16) % 3 == 0
+    _, info = batch.reset_done(which=first)  # the restarted rows take the stream's next episodes, in row order
+    assert tree_draws(tree, info, np.flatnonzero(first)) == expected[16:22]
+    assert batch.ended.sum() == 10 and not batch.ended[first].any()
+    _, info = batch.reset_done()
+    assert tree_draws(tree, info, np.flatnonzero(~first)) == expected[22:32]
+    _, info = batch.reset()  # an unseeded reset continues the stream, as the env's does
+    assert tree_draws(tree, info)[:16] == expected[32:48]
+    _, info = batch.reset(seed=7)  # a seed starts it again
+    assert tree_draws(tree, info) == expected[:16]
+    fixed = [None, 1, None, 2, None]  # a fixed problem skips the problem's draw, as the env's option does
+    _, info = TreeEnv(tree, 5).reset(seed=3, problems=fixed)
+    assert tree_draws(tree, info) == env_draws(env, 5, seed=3, options=[
+        None if p is None else {"problem_index": p} for p in fixed])
+
+
+UNSEEDED = """
+import sys
+from deliberation_env.engine import CompiledTree, TreeEnv
+tree = CompiledTree.load(sys.argv[1])
+for env in (TreeEnv(tree, 24), TreeEnv(tree, 24)):
+    _, info = env.reset()
+    print(info["problem"].tolist(), info["stream"].tolist())
+"""
+
+
+def test_an_unseeded_tree_env_draws_a_stream_of_its_own_the_same_on_every_run(two_round_set, tmp_path):
+    tree = compile_tree(two_round_set, "test", cache=False)
+    tree.save(tmp_path / "tree.npz")
+    runs = [subprocess.run([sys.executable, "-c", UNSEEDED, str(tmp_path / "tree.npz")], capture_output=True,
+                           text=True, check=True).stdout.splitlines() for _ in range(2)]
+    assert runs[0] == runs[1]  # never OS entropy: the same episodes on every run of a program
+    assert runs[0][0] != runs[0][1]  # two envs of a process draw streams of their own
 
 
 def test_a_masked_action_is_played_as_persist_or_raises_when_asked():
@@ -229,3 +299,52 @@ def test_the_gymnasium_vector_form_restarts_episodes_on_the_next_step(two_round_
         assert np.allclose(rewards.reshape(64, 3), tree.rewards[edges, joint])  # the tree's rewards for these actions
         assert terminations.all() == (step % 3 == 1) and not truncations.any()  # 2 rounds, no early stop
 
+
+def test_sampled_actions_are_legal_and_uniform_over_the_legal_ones():
+    tree = compile_tree("qwen05-arith-v2", "test", problems=range(8), cache=False)
+    env = TreeEnv(tree, 40_000)
+    env.reset(seed=0)
+    legal = tree.mask[env.node].astype(bool)  # (B, N, A)
+    assert (legal.sum(-1) == 2).any() and (legal.sum(-1) == 3).any()  # CONCEDE masked for some agents, not all
+    actions = env.sample_actions(np.random.default_rng(1))
+    assert np.take_along_axis(legal, actions[..., None], -1).all()
+    for count in (2, 3):  # each legal action about 1/count of the picks, within 5 standard errors
+        mine = legal.sum(-1) == count
+        picks = legal[mine].cumsum(-1)[np.arange(mine.sum()), actions[mine]] - 1  # which of the legal ones
+        shares = np.bincount(picks, minlength=count) / mine.sum()
+        assert np.abs(shares - 1 / count).max() < 5 * np.sqrt((1 / count) * (1 - 1 / count) / mine.sum())
+
+
+def test_a_step_without_observations_leaves_them_to_reset_done(two_round_set):
+    tree = compile_tree(two_round_set, "test", cache=False)
+    env = TreeEnv(tree, 32)
+    env.reset(seed=5)
+    rng = np.random.default_rng(0)
+    observed, _, _, _, info = env.step(env.sample_actions(rng), observe=False)
+    assert observed is None and info["tokens_total"].shape == (32, 3)
+    nodes = env.node.copy()
+    observations, _ = env.reset_done()  # nobody ended after round 1 of 2: the same nodes, observed now
+    assert np.array_equal(env.node, nodes)
+    again = env.observe(nodes)
+    for key, value in observations.items():
+        assert np.array_equal(value, again[key]), key
+    assert np.array_equal(observations["peers"][:, 0, 0], observations["self"][:, 1])  # agent 0's first peer: agent 1
+    with pytest.raises(ValueError, match="read-only"):  # "self" and "peers" are views of one buffer
+        observations["self"][0, 0, 0] = 1.0
+
+
+def test_the_engine_benchmark_needs_only_the_train_extra_and_names_the_one_it_lacks(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "bench" / "benchmark" / "engine_throughput.py"
+    results = script.parents[1] / "results" / "engine_throughput.md"
+    before = results.stat().st_mtime_ns if results.exists() else None
+    (tmp_path / "pygame.py").write_text('raise ImportError("No module named pygame")\n')  # as if pygame were absent
+    path = os.pathsep.join([str(tmp_path), str(script.parents[2]), os.environ.get("PYTHONPATH", "")])
+    environment = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=tmp_path,
+                           env=environment)
+    assert shown.returncode == 0 and "--baseline" in shown.stdout, shown.stderr
+    run = subprocess.run([sys.executable, str(script), "--trainers"], capture_output=True, text=True, cwd=tmp_path,
+                         env=environment)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and ".[bench]" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pygame.py"]  # nothing written where it ran
+    assert (results.stat().st_mtime_ns if results.exists() else None) == before

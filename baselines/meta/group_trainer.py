@@ -28,7 +28,7 @@ import torch
 from baselines.logger import MetricsLogger, progress_bar
 from baselines.meta.config import BaseConfig, make_env_fn
 from baselines.meta.distributed import open_collector
-from baselines.meta.policy import Policy, agent_layout, kl_and_entropy, save_checkpoint
+from baselines.meta.policy import Policy, adam, agent_layout, kl_and_entropy, save_checkpoint
 from baselines.meta.rollout import EpisodeSpec, Rollouts, rollout_metrics, sampling_key
 from baselines.runtime import seed_everything
 
@@ -146,7 +146,7 @@ def train_grouped(cfg: GroupConfig, algo: str, advantages_fn: Callable[[Rollouts
         reference = load_into(Policy(layout, cfg.hidden), cfg.reference) if cfg.reference else copy.deepcopy(policy)
     if reference is not None:
         reference.requires_grad_(False)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    optimizer = adam(policy.parameters(), cfg.lr)
     rng = np.random.default_rng(cfg.seed)
     logger = MetricsLogger(out, cfg.tensorboard)
     budget = cfg.episodes // cfg.group_size * cfg.group_size  # whole groups, never past --episodes

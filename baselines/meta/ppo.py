@@ -27,7 +27,7 @@ from baselines.logger import MetricsLogger, progress_bar
 from baselines.meta.config import CREDIT_SPANS, BaseConfig, make_env_fn
 from baselines.meta.distributed import open_collector
 from baselines.meta.group_trainer import actor_loss
-from baselines.meta.policy import Policy, agent_layout, build_network, mlp, save_checkpoint
+from baselines.meta.policy import Policy, adam, agent_layout, build_network, mlp, save_checkpoint
 from baselines.meta.rollout import EpisodeSpec, Rollouts, global_state, rollout_metrics, sampling_key, trajectories
 from baselines.runtime import seed_everything
 
@@ -110,7 +110,7 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     else:
         critic = build_network(layout, 1, cfg.hidden)
     params = list(policy.parameters()) + list(critic.parameters())
-    optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    optimizer = adam(params, cfg.lr)
     rng = np.random.default_rng(cfg.seed)
     logger = MetricsLogger(out, cfg.tensorboard)
     bar = progress_bar(cfg.episodes, "ppo", cfg.progress)

@@ -88,6 +88,85 @@ def sample(logp: torch.Tensor, uniforms: np.ndarray) -> torch.Tensor:
     return (cdf < threshold[:, None]).sum(-1).clamp_(max=logp.shape[1] - 1)
 
 
+@dataclass
+class Collection:
+    """One collection's settings and what it has gathered: one row per live agent per round (``act``), one summary
+    per episode (``start``, ``record``, ``finish``). ``collect`` fills it from envs and ``tree_rollout.collect_tree``
+    from a compiled tree, alike; ``rollouts()`` gives it as ``Rollouts``."""
+
+    layout: ObsLayout
+    policy: Policy | None
+    key: Sequence[int]
+    reward_scale: float = 1.0
+    label_key: str | None = None
+    want_state: bool = False
+    columns: dict[str, list[np.ndarray]] = field(default_factory=lambda: {name: [] for name in ROW_KEYS})
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+
+    def stream(self, index: int, spec: EpisodeSpec) -> np.random.Generator:
+        """Episode ``index``'s action-sampling stream (``spec.stream`` when given)."""
+        return episode_stream(self.key, index if spec.stream is None else spec.stream)
+
+    def start(self, spec: EpisodeSpec, agents: Sequence[str], tokens: float) -> None:
+        """A new episode's summary, after its reset (``Rollouts.episodes``; episodes start in index order)."""
+        self.episodes.append({"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
+                              "returns": dict.fromkeys(agents, 0.0), "tokens": tokens, "success": None,
+                              "actions": []})
+
+    def act(self, x: torch.Tensor, mask: torch.Tensor, streams: Sequence[tuple[np.random.Generator, int]], *,
+            episode: Any, group: Any, agent: Any, step: Any, labels: Any, state: Any = None) -> torch.Tensor:
+        """Sample the actions of a batch of rows (``choose``) and keep the rows: each keyword a column of the batch's
+        length (``state``: (rows, S) with ``want_state``). Returns the actions."""
+        actions, logp = choose(self.policy, x, mask, streams)
+        for name, values in (("episode", episode), ("group", group), ("agent", agent), ("step", step),
+                             ("labels", labels)):
+            self.columns[name].append(np.asarray(values, np.int64).reshape(-1))
+        if self.want_state:
+            self.columns["state"].append(np.asarray(state, np.float32).reshape(len(actions), -1))
+        for name, value in (("obs", x), ("mask", mask), ("actions", actions), ("logp", logp)):
+            self.columns[name].append(value.numpy())
+        return actions
+
+    def record(self, index: int, rewards: Mapping[str, float], actions: Sequence[int], tokens: float) -> None:
+        """A played round of episode ``index``: each acting agent's reward (scaled into the reward column, in the
+        order of its rows), the actions and the tokens into its summary."""
+        summary = self.episodes[index]
+        scaled = [float(reward) * self.reward_scale for reward in rewards.values()]
+        self.columns["rewards"].append(np.asarray(scaled, np.float64))
+        for agent, reward in zip(rewards, scaled):
+            summary["returns"][agent] += reward
+            summary["team_return"] += reward
+        summary["actions"].extend(actions)
+        summary["length"] += 1
+        summary["tokens"] += tokens
+
+    def finish(self, index: int, success: bool | None) -> None:
+        """Episode ``index`` has ended: whether its final consensus is right (None: unknown)."""
+        self.episodes[index]["success"] = success
+
+    def rollouts(self) -> Rollouts:
+        """What was gathered, as ``Rollouts`` arrays."""
+        columns, layout = self.columns, self.layout
+
+        def joined(name: str, empty: np.ndarray) -> np.ndarray:
+            return np.concatenate(columns[name]) if columns[name] else empty
+
+        return Rollouts(
+            obs=joined("obs", np.zeros((0, layout.obs_dim), np.float32)),
+            mask=joined("mask", np.zeros((0, layout.num_actions), bool)),
+            actions=joined("actions", np.zeros(0, np.int64)).astype(np.int64),
+            logp=joined("logp", np.zeros(0, np.float32)), rewards=joined("rewards", np.zeros(0)),
+            episode=joined("episode", np.zeros(0, np.int64)), group=joined("group", np.zeros(0, np.int64)),
+            agent=joined("agent", np.zeros(0, np.int64)), step=joined("step", np.zeros(0, np.int64)),
+            labels=joined("labels", np.zeros(0, np.int64)),
+            state=np.concatenate(columns["state"]) if self.want_state and columns["state"] else None,
+            episodes=self.episodes,
+        )
+
+
+ROW_KEYS = ("obs", "mask", "actions", "logp", "rewards", "episode", "group", "agent", "step", "labels", "state")
+
+
 def collect(
     envs: Sequence[Any],
     layout: ObsLayout,
@@ -102,19 +181,21 @@ def collect(
     """Play ``specs`` on ``envs`` (waves of ``len(envs)`` episodes, ``deliberation_env.vector.run_episodes``). ``policy=None``
     plays uniformly random legal actions; episode i samples them from ``episode_stream(key, specs[i].stream)``
     (``sampling_key`` makes a key); ``on_episodes(n)`` is called when n episodes end (e.g. a progress bar's update)."""
-    rows = new_rows()
-    summaries: list[dict[str, Any]] = []
+    run = Collection(layout, policy, key, reward_scale, label_key, want_state)
     streams: dict[int, np.random.Generator] = {}
     rounds: dict[int, int] = {}
 
     def act(live: list[Step]) -> list[dict[str, int]]:
         batch = [(step, a) for step in live for a in step.env.agents]
         x, mask = encode_many(layout, [step.observations[a] for step, a in batch])
-        actions, logp = choose(policy, x, mask, [(streams[s.episode], len(s.env.agents)) for s in live])
         states = {s.episode: global_state(s.env, layout, s.observations) for s in live} if want_state else None
-        add_transitions(rows, batch, [specs[step.episode].group for step, _ in batch],
-                        [rounds[step.episode] for step, _ in batch], label_key, states)
-        add_batch(rows, x, mask, actions, logp)
+        actions = run.act(x, mask, [(streams[s.episode], len(s.env.agents)) for s in live],
+                          episode=[step.episode for step, _ in batch],
+                          group=[specs[step.episode].group for step, _ in batch],
+                          agent=[step.env.possible_agents.index(a) for step, a in batch],
+                          step=[rounds[step.episode] for step, _ in batch],
+                          labels=[_label(step, a, label_key) for step, a in batch],
+                          state=[states[step.episode] for step, _ in batch] if states is not None else None)
         chosen: dict[int, dict[str, int]] = {step.episode: {} for step in live}
         for row, (step, a) in enumerate(batch):
             chosen[step.episode][a] = int(actions[row])
@@ -123,50 +204,22 @@ def collect(
     def on_step(step: Step) -> None:
         if step.actions is None:
             spec = specs[step.episode]
-            streams[step.episode] = episode_stream(key, step.episode if spec.stream is None else spec.stream)
+            streams[step.episode] = run.stream(step.episode, spec)
             rounds[step.episode] = 0
-            summaries.append(new_summary(spec, step.env.possible_agents, _tokens(step.infos)))
+            run.start(spec, step.env.possible_agents, _tokens(step.infos))
             if step.done:
-                _finish(step.infos, summaries[-1])
+                run.finish(step.episode, _success(step.infos))
             return
-        add_step(rows, summaries[step.episode], step, step.actions, reward_scale)
+        run.record(step.episode, {a: step.rewards.get(a, 0.0) for a in step.actions}, list(step.actions.values()),
+                   _tokens(step.infos))
         rounds[step.episode] += 1
         if step.done:
-            _finish(step.infos, summaries[step.episode])
+            run.finish(step.episode, _success(step.infos))
             if on_episodes is not None:
                 on_episodes(1)
 
     run_episodes(envs, [Start(spec.seed, spec.options) for spec in specs], act, on_step)
-    return to_rollouts(rows, summaries, layout, want_state)
-
-
-def add_transitions(rows: dict[str, list[Any]], batch: Sequence[tuple[Step, str]], groups: Sequence[int],
-                    rounds: Sequence[int], label_key: str | None, states: dict[int, Any] | None) -> None:
-    """The per-transition columns of a batch of (step, agent) beside its observations: label (``label_key`` in the
-    agent's info; -1 without one), episode, group, agent index, round and, when ``states`` is given, global state."""
-    for (step, a), group, round_ in zip(batch, groups, rounds):
-        label = step.infos.get(a, {}).get(label_key, -1) if label_key else -1
-        rows["labels"].append(-1 if label is None else int(label))
-        rows["episode"].append(step.episode)
-        rows["group"].append(group)
-        rows["agent"].append(step.env.possible_agents.index(a))
-        rows["step"].append(round_)
-        if states is not None:
-            rows["state"].append(states[step.episode])
-
-
-def add_step(rows: dict[str, list[Any]], summary: dict[str, Any], step: Step, actions: Mapping[str, Any],
-             reward_scale: float) -> None:
-    """A played step (its ``actions``) into the reward column, scaled, and its episode's summary (returns, actions,
-    length, tokens)."""
-    for a, action in actions.items():
-        reward = float(step.rewards.get(a, 0.0)) * reward_scale
-        rows["rewards"].append(reward)
-        summary["returns"][a] += reward
-        summary["team_return"] += reward
-        summary["actions"].append(action)
-    summary["length"] += 1
-    summary["tokens"] += _tokens(step.infos)
+    return run.rollouts()
 
 
 def choose(policy: Policy | None, x: torch.Tensor, mask: torch.Tensor,
@@ -183,59 +236,19 @@ def choose(policy: Policy | None, x: torch.Tensor, mask: torch.Tensor,
     return actions, logp_all.gather(1, actions[:, None]).squeeze(1)
 
 
-def new_summary(spec: EpisodeSpec, agents: Sequence[str], tokens: float) -> dict[str, Any]:
-    """An episode's summary after its reset (``Rollouts.episodes``)."""
-    return {"group": spec.group, "seed": spec.seed, "length": 0, "team_return": 0.0,
-            "returns": dict.fromkeys(agents, 0.0), "tokens": tokens, "success": None, "actions": []}
-
-
-ROW_KEYS = ("obs", "mask", "actions", "logp", "rewards", "episode", "group", "agent", "step", "labels", "state")
-
-
-def new_rows() -> dict[str, list[Any]]:
-    """Empty per-transition columns (``ROW_KEYS``), filled by a collector and turned into ``Rollouts`` by
-    ``to_rollouts``."""
-    return {key: [] for key in ROW_KEYS}
-
-
-def add_batch(rows: dict[str, list[Any]], x: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor,
-               logp: torch.Tensor) -> None:
-    rows["obs"].append(x.numpy())
-    rows["mask"].append(mask.numpy())
-    rows["actions"].append(actions.numpy())
-    rows["logp"].append(logp.numpy())
-
-
-def to_rollouts(rows: dict[str, list[Any]], summaries: list[dict[str, Any]], layout: ObsLayout,
-                want_state: bool) -> Rollouts:
-    """The collected rows as ``Rollouts`` arrays."""
-    return Rollouts(
-        obs=np.concatenate(rows["obs"]) if rows["obs"] else np.zeros((0, layout.obs_dim), np.float32),
-        mask=np.concatenate(rows["mask"]) if rows["mask"] else np.zeros((0, layout.num_actions), bool),
-        actions=np.concatenate(rows["actions"]).astype(np.int64) if rows["actions"] else np.zeros(0, np.int64),
-        logp=np.concatenate(rows["logp"]) if rows["logp"] else np.zeros(0, np.float32),
-        rewards=_flat(rows["rewards"], np.float64), episode=_flat(rows["episode"]), group=_flat(rows["group"]),
-        agent=_flat(rows["agent"]), step=_flat(rows["step"]), labels=_flat(rows["labels"]),
-        state=np.concatenate([np.atleast_2d(np.asarray(v, np.float32)) for v in rows["state"]])
-        if want_state and rows["state"] else None,
-        episodes=summaries,
-    )
-
-
-def _flat(parts: list[Any], dtype: Any = np.int64) -> np.ndarray:
-    """Rows appended one by one (numbers, by ``collect``) or as arrays (``collect_tree``), as one array."""
-    if not parts or np.isscalar(parts[0]):
-        return np.asarray(parts, dtype)
-    return np.concatenate([np.asarray(v, dtype).reshape(-1) for v in parts])
+def _label(step: Step, agent: str, label_key: str | None) -> int:
+    """The agent's ``label_key`` info as an int; -1 without a key or a label."""
+    label = step.infos.get(agent, {}).get(label_key, -1) if label_key else -1
+    return -1 if label is None else int(label)
 
 
 def _tokens(infos: dict[str, dict[str, Any]]) -> float:
     return float(sum(info.get("tokens", 0) or 0 for info in infos.values()))
 
 
-def _finish(infos: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
+def _success(infos: dict[str, dict[str, Any]]) -> bool | None:
     flags = [info["consensus_correct"] for info in infos.values() if "consensus_correct" in info]
-    summary["success"] = bool(flags[0]) if flags else None
+    return bool(flags[0]) if flags else None
 
 
 # ----------------------------------------------------------------------------- credit assignment

@@ -22,7 +22,7 @@ import torch
 from baselines.logger import MetricsLogger, progress_bar
 from baselines.meta.config import BaseConfig, make_env_fn
 from baselines.meta.distributed import open_collector
-from baselines.meta.policy import Policy, agent_layout, save_checkpoint
+from baselines.meta.policy import Policy, adam, agent_layout, save_checkpoint
 from baselines.meta.rollout import EpisodeSpec, rollout_metrics, sampling_key
 from baselines.runtime import seed_everything
 
@@ -74,7 +74,7 @@ def train(cfg: SFTConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
         raise ValueError(f"no usable labels: the environment's infos have no valid {cfg.label_key!r} entries")
     x, mask = torch.from_numpy(ro.obs[legal]), torch.from_numpy(ro.mask[legal])
     y = torch.from_numpy(labels[legal])
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    optimizer = adam(policy.parameters(), cfg.lr)
     logger = MetricsLogger(out, cfg.tensorboard)
     logger.log(0, {f"data_{k}": v for k, v in rollout_metrics(ro, cfg.reward_scale).items()})
     for epoch in range(cfg.epochs):

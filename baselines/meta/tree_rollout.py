@@ -9,22 +9,14 @@ so it returns the same ``Rollouts``, row for row (``tests/test_engine_training.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from baselines.meta.policy import ObsLayout, Policy, encode_batch
-from baselines.meta.rollout import (
-    EpisodeSpec,
-    Rollouts,
-    add_batch,
-    choose,
-    episode_stream,
-    new_rows,
-    new_summary,
-    to_rollouts,
-)
+from baselines.meta.rollout import Collection, EpisodeSpec, Rollouts
 from deliberation_env.engine import CompiledTree, TreeEnv, compile_tree
 
 LABELS = ("oracle_action",)
@@ -33,66 +25,64 @@ LABELS = ("oracle_action",)
 
 def collect_tree(tree: CompiledTree, format: Any, wave: int, layout: ObsLayout, policy: Policy | None,
                  specs: Sequence[EpisodeSpec], key: Sequence[int], reward_scale: float = 1.0,
-                 label_key: str | None = None, want_state: bool = False, on_episodes: Any = None) -> Rollouts:
+                 label_key: str | None = None, want_state: bool = False,
+                 on_episodes: Callable[[int], None] | None = None) -> Rollouts:
     """``collect(envs, layout, policy, specs, key, ...)`` with ``len(envs) == wave`` envs of the tree's game in the
     observation ``format`` (the envs' ``ObservationFormat``), played on the tree."""
     if label_key is not None and label_key not in LABELS:
         raise ValueError(f"a compiled tree holds the labels {LABELS}, not {label_key!r}")
-    rows = new_rows()
-    summaries: list[dict[str, Any]] = []
+    run = Collection(layout, policy, key, reward_scale, label_key, want_state)
     for start in range(0, len(specs), wave):
-        _play_wave(tree, format, layout, policy, specs, range(start, min(start + wave, len(specs))), key,
-                   reward_scale, label_key, want_state, rows, summaries)
+        indices = np.arange(start, min(start + wave, len(specs)))
+        play_wave(TreeEnv(tree, len(indices), format=format), Wave(indices, [specs[i] for i in indices]), run)
         if on_episodes is not None:
-            on_episodes(min(wave, len(specs) - start))
-    return to_rollouts(rows, summaries, layout, want_state)
+            on_episodes(len(indices))
+    return run.rollouts()
 
 
-def _play_wave(tree, format, layout, policy, specs, indices: range, key, reward_scale, label_key, want_state,
-               rows, summaries) -> None:
-    env = TreeEnv(tree, len(indices), format=format)
-    agents, n = env.possible_agents, tree.num_agents
-    wave = [specs[i] for i in indices]
-    problems = [_problem_index(tree, spec.options) for spec in wave]
-    observations, info = env.reset(seeds=[spec.seed for spec in wave], problems=problems)
-    streams = [episode_stream(key, i if spec.stream is None else spec.stream) for i, spec in zip(indices, wave)]
-    tokens = info["tokens"].sum(-1)
-    first = len(summaries)
-    summaries.extend(new_summary(spec, agents, float(tokens[k])) for k, spec in enumerate(wave))
-    live, round_ = np.ones(len(wave), bool), 0
+@dataclass
+class Wave:
+    """Episodes played together on one ``TreeEnv``, as ``collect`` plays a wave of its envs."""
+
+    indices: np.ndarray
+    """The episodes' indices in the collection's specs."""
+    specs: list[EpisodeSpec]
+
+
+def play_wave(env: TreeEnv, wave: Wave, run: Collection) -> None:
+    """Play ``wave``'s episodes on ``env`` (one row each) to their ends into ``run``: each round, one policy pass for
+    every live agent, in episode order, as ``collect`` batches its envs'."""
+    tree, agents, n = env.tree, env.possible_agents, env.tree.num_agents
+    specs = wave.specs
+    observations, info = env.reset(seeds=[spec.seed for spec in specs],
+                                   problems=[_problem_index(tree, spec.options) for spec in specs])
+    streams = [run.stream(int(i), spec) for i, spec in zip(wave.indices, specs)]
+    first = len(run.episodes)
+    for spec, tokens in zip(specs, info["tokens"].sum(-1)):
+        run.start(spec, agents, float(tokens))
+    groups = np.array([spec.group for spec in specs], np.int64)
+    live, round_ = np.ones(len(specs), bool), 0
     while live.any():
         where = np.flatnonzero(live)
         count = len(where) * n
-        batch = _rows_of(observations, where, count)
-        x, mask = encode_batch(layout, batch, count)
-        actions, logp = choose(policy, x, mask, [(streams[k], n) for k in where])
-        rows["labels"].append(info["oracle_action"][where].reshape(-1) if label_key else np.full(count, -1))
-        rows["episode"].append(np.repeat(np.asarray(indices)[where], n))
-        rows["group"].append(np.repeat([wave[k].group for k in where], n))
-        rows["agent"].append(np.tile(np.arange(n), len(where)))
-        rows["step"].append(np.full(count, round_))
-        if want_state:
-            state = env.global_state()[where]
-            rows["state"].append(np.repeat(state, n, axis=0))
-        add_batch(rows, x, mask, actions, logp)
-        joint = np.zeros((len(wave), n), np.int64)
+        x, mask = encode_batch(run.layout, _rows_of(observations, where, count), count)
+        actions = run.act(x, mask, [(streams[k], n) for k in where], episode=np.repeat(wave.indices[where], n),
+                          group=np.repeat(groups[where], n), agent=np.tile(np.arange(n), len(where)),
+                          step=np.full(count, round_),
+                          labels=info["oracle_action"][where] if run.label_key else np.full(count, -1),
+                          state=np.repeat(env.global_state()[where], n, axis=0) if run.want_state else None)
+        joint = np.zeros((len(specs), n), np.int64)
         joint[where] = actions.numpy().reshape(len(where), n)
-        observations, rewards, done, _, info = env.step(joint)
-        scaled = rewards[where].astype(np.float64) * reward_scale
-        rows["rewards"].append(scaled.reshape(-1))
+        _, rewards, done, _, info = env.step(joint, observe=False)
         step_tokens = info["tokens"].sum(-1)
-        for row, k in enumerate(where):
-            summary = summaries[first + k]
-            for a, agent in enumerate(agents):
-                summary["returns"][agent] += float(scaled[row, a])
-                summary["team_return"] += float(scaled[row, a])
-            summary["actions"].extend(int(c) for c in joint[k])
-            summary["length"] += 1
-            summary["tokens"] += float(step_tokens[k])
+        for k in where:
+            run.record(first + k, dict(zip(agents, rewards[k].tolist())), joint[k].tolist(), float(step_tokens[k]))
             if done[k]:
-                summary["success"] = bool(info["consensus_correct"][k])
+                run.finish(first + k, bool(info["consensus_correct"][k]))
         live = ~done
         round_ += 1
+        if live.any():
+            observations = env.observe(env.node)
 
 
 def _rows_of(observations: Any, where: np.ndarray, count: int) -> Any:

@@ -12,13 +12,15 @@ A round is one ``env.step`` (every agent acts once). Measured in one process, on
 
 Overhead ratio = bare rounds/s / in-loop rounds/s. Rounds/s depends on the action mix (a REFINE
 costs the sim a generation and a critic call), so the REFINE share of each row is printed; the
-like-for-like comparison of the machinery is row 1 vs row 2. Saves bench/results/train_throughput.md.
+like-for-like comparison of the machinery is row 1 vs row 2. Saves bench/results/train_throughput.md (the training
+loop's own files go to a temporary folder, removed at the end).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,12 +83,13 @@ def collection_only(episodes: int, num_envs: int, use_policy: bool) -> tuple[flo
 
 
 def training_loop(episodes: int, num_envs: int) -> tuple[float, float]:
-    cfg = SoftRankPOConfig(episodes=episodes, sft_episodes=0, num_envs=num_envs, out="runs/bench_throughput",
-                           progress=False, tensorboard=False)
-    Counter.rounds, start = 0, time.perf_counter()
-    train(cfg, env_fn=counting_env)
-    rate = Counter.rounds / (time.perf_counter() - start)
-    rows = read_metrics("runs/bench_throughput")
+    with tempfile.TemporaryDirectory(prefix="train_throughput-") as out:  # the run's files are not kept
+        cfg = SoftRankPOConfig(episodes=episodes, sft_episodes=0, num_envs=num_envs, out=out, progress=False,
+                               tensorboard=False)
+        Counter.rounds, start = 0, time.perf_counter()
+        train(cfg, env_fn=counting_env)
+        rate = Counter.rounds / (time.perf_counter() - start)
+        rows = read_metrics(out)
     return rate, float(np.mean([r["action_1"] for r in rows]))
 
 

@@ -54,12 +54,10 @@ class TreeVectorEnv(VectorEnv):
         restart = engine.ended.copy()  # the episodes that ended last step: they start again, their actions ignored
         ended = np.zeros(engine.num_envs, bool)
         if not restart.all():  # the episodes still running play their round (the ended ones are skipped)
-            _, stepped, done, _, _ = engine.step(np.where(restart[:, None], 0, actions))
+            _, stepped, done, _, _ = engine.step(np.where(restart[:, None], 0, actions), observe=False)
             rewards = np.where(restart[:, None], 0.0, stepped).astype(np.float32)
             ended = done & ~restart
-        if restart.any():
-            engine.reset_done(which=restart)
-        observations, info = engine.observe(engine.node), engine.node_info(engine.node)
+        observations, info = engine.reset_done(which=restart)  # every row's observations, built once
         terminations = np.repeat(ended, n)
         return (self._flat(observations), rewards.reshape(-1), terminations, np.zeros_like(terminations),
                 self._info(observations, info))
