@@ -103,8 +103,9 @@ def in_process(code: str, root: str, *args: object) -> dict:
 
 
 def stepping(args, tree, roots: dict[str, str]) -> list[str]:
-    from bench.benchmark.env_throughput import rounds_per_second  # imports rps_v2, hence pygame: checked in main
     from pettingzoo.classic import rps_v2
+
+    from bench.benchmark.env_throughput import rounds_per_second  # imports rps_v2, hence pygame: checked in main
 
     rows = []
     for batch in args.batches:
