@@ -436,7 +436,6 @@ EPISODE_LOOPS = {
     "baselines/meta/tree_rollout.py": "plays a compiled tree (engine.TreeEnv: B episodes per numpy call, no backend)",
     "baselines/peers/benchmarl_task.py": "the engine under TorchRL's EnvBase, whose collector calls _reset and _step",
     "bench/benchmark/env_throughput.py": "measures the plain PettingZoo loop a user writes against another env's",
-    "bench/benchmark/engine_throughput.py": "measures the compiled engine's own batched reset and step",
     "bench/benchmark/replay_benchmark.py": "reads signals off single states (each problem reset, then at most one "
                                            "REFINE step, per confidence source), not played episodes",
     "bench/benchmark/train_throughput.py": "its bare row is the plain PettingZoo loop that collect() is measured against",

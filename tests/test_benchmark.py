@@ -10,7 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from baselines.benchmark import Cell, Scores, main, parse_cell, policy_scores, resolve, score, shipped_cells
+from baselines.benchmark import (
+    PROTOCOL_ROWS,
+    Cell,
+    Scores,
+    describe,
+    main,
+    parse_cell,
+    policy_scores,
+    protocol_scores,
+    resolve,
+    score,
+    shipped_cells,
+)
 from baselines.meta.policy import Policy, agent_layout, save_checkpoint
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
@@ -71,7 +83,8 @@ def test_a_probabilities_function_and_the_same_actor_score_alike():
 
 def test_score_gives_the_row_against_the_protocol_chosen_on_validation(tmp_path):
     report = score([greedy_confident, ConfidentActor()], CELL, label="confident")
-    assert report.protocol == "self_consistency"  # the best protocol on validation (chosen without test)
+    validation = protocol_scores(CELL, "validation", PROTOCOL_ROWS)  # the best protocol on validation, not on test
+    assert report.protocol == max(PROTOCOL_ROWS, key=lambda name: validation[name].accuracy.mean()) == "debate"
     assert report.protocol_scores.split == "test" and len(report.runs) == 2
     diff, low, high = report.difference
     assert diff == pytest.approx(report.accuracy - report.protocol_scores.accuracy.mean()) and low <= diff <= high
@@ -101,6 +114,8 @@ def test_a_checkpoint_and_a_module_spec_resolve_and_a_policy_of_another_game_is_
 def test_cells_and_cli_errors(capsys):
     names = [cell.name for cell in shipped_cells()]
     assert "qwen05-team-arith:chosen-v3" in names and "qwen05-arith:chosen-v3" not in names  # rule-only concedes
+    assert {"qwen05-arith:v2-r2", "qwen05-arith-v2:chosen-v3-r2", "qwen05-team-arith:chosen-v3-r2"} <= set(names)
+    assert "2 decisions (round 2: PERSIST and CONCEDE only, past the 1 recorded)" in describe("qwen05-team-arith:v2-r2")
     with pytest.raises(ValueError, match="rule's peer only"):
         parse_cell("qwen05-arith:chosen-v3")
     assert parse_cell(CELL) == Cell("qwen05-arith-v2", "v2")
@@ -116,4 +131,4 @@ def test_an_algorithm_written_outside_baselines_gets_its_row_in_one_call():
                             capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("reinforce on qwen05-arith-v2:v2 (test, 400 problems, 1 run(s)): accuracy ")
-    assert "vs self_consistency" in result.stdout
+    assert "vs debate" in result.stdout  # the best protocol on validation
