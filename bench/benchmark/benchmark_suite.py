@@ -1,11 +1,11 @@
-"""The leaderboard under the benchmark's protocol (docs/benchmark.md), every shipped cell, resumable, one run at a time.
+"""The leaderboard under the benchmark's protocol (docs/benchmark.md): its cells, resumable, one run at a time.
 
-    python bench/benchmark/benchmark_suite.py                                                             # every cell
-    python bench/benchmark/benchmark_suite.py --cells qwen05-arith-v2:v2 --trainers softrankpo grpo      # runs what is missing
-    python bench/benchmark/benchmark_suite.py --report-only                                               # the tables so far
+    python bench/benchmark/benchmark_suite.py                                                    # LEADERBOARD_CELLS
+    python bench/benchmark/benchmark_suite.py --cells qwen05-arith-v2:v2 --trainers softrankpo grpo   # runs what is missing
+    python bench/benchmark/benchmark_suite.py --report-only                                      # the tables so far
 
-Per cell (``baselines.benchmark.shipped_cells``: each shipped set x each game it was recorded for; a game a set was
-not recorded for is skipped with its reason): the fixed protocols on validation and test (the best one chosen on
+Per cell (``LEADERBOARD_CELLS`` by default: the two-round games of both sets and their one-round twins; any shipped
+cell with ``--cells``; a game a set was not recorded for is skipped with its reason): the fixed protocols on validation and test (the best one chosen on
 validation); per trainer, an equal budget of tuning, the same small grid over each trainer's learning rate (``GRID``:
 3 values x 2 tuning seeds, each run trained on ``fit`` for ``--episodes`` episodes and scored on validation), the
 value with the best mean validation accuracy chosen; then ``--seeds`` runs with it (seeds 0..S-1) scored on test once
@@ -43,7 +43,6 @@ from baselines.benchmark import (
     package_version,
     parse_cell,
     protocol_scores,
-    shipped_cells,
 )
 from bench.common.results import RESULTS, command_line
 from bench.common.suite import (
@@ -65,7 +64,13 @@ GRID = {"lr": (1e-3, 3e-3, 1e-2)}
 TUNING_SEEDS = (100, 101)
 TARGET = 0.05
 """The margin over the best protocol asked of one learned row (with its interval above 0)."""
-OUT = os.path.join(RESULTS, "benchmark_suite")
+OUT = os.path.join(RESULTS, "leaderboard")
+"""Where runs and report go (the leaderboard of the stratified validation split; ``benchmark_suite/`` and
+``benchmark_suite.md`` hold the earlier one, of the previous split)."""
+RUNS = os.path.join("runs", "leaderboard")
+LEADERBOARD_CELLS = ("qwen05-arith-v2:chosen-v3-r2", "qwen05-team-arith:chosen-v3-r2", "qwen05-arith-v2:chosen-v3",
+                     "qwen05-team-arith:chosen-v3")
+"""The cells the leaderboard runs by default, sequential games first."""
 
 
 def configs() -> list[dict[str, float]]:
@@ -86,12 +91,12 @@ def run_cell(cell, args) -> None:
         started = time.perf_counter()
         mine = os.path.join(folder, algo)
         tuned = {tag(c): [train_and_score(cell, algo, c, seed, args.episodes, ("validation",), mine,
-                                          f"tune-{tag(c)}-seed{seed}")["validation"].accuracy.mean()
+                                          f"tune-{tag(c)}-seed{seed}", RUNS)["validation"].accuracy.mean()
                           for seed in TUNING_SEEDS] for c in configs()}
         chosen = max(configs(), key=lambda c: np.mean(tuned[tag(c)]))
         for seed in range(args.seeds):
             train_and_score(cell, algo, chosen, seed, args.episodes, ("validation", "test"), mine,
-                            f"final-{tag(chosen)}-seed{seed}")
+                            f"final-{tag(chosen)}-seed{seed}", RUNS)
         print(f"{cell.name} {algo}: chose {tag(chosen)} ({time.perf_counter() - started:.0f} s)", flush=True)
 
 
@@ -268,7 +273,7 @@ def main(argv=None) -> None:
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     cells, skipped = [], []
-    for name in args.cells or [cell.name for cell in shipped_cells()]:
+    for name in args.cells or LEADERBOARD_CELLS:
         try:
             cells.append(parse_cell(name))
         except ValueError as error:

@@ -32,6 +32,7 @@ from baselines.benchmark import Scores, parse_cell
 from bench.common.results import RESULTS, command_line
 from bench.common.suite import EXTERNAL, folder_name
 from deliberation_env.cli import ArgumentParser
+from deliberation_env.replay import load_card
 from deliberation_env.replay.provenance import library_versions
 
 ALGORITHMS = ("mappo", "ippo", "qmix", "vdn", "iql")
@@ -81,14 +82,17 @@ def train_and_score(algorithm: str, seed: int, frames: int, cell, task: str) -> 
             tree = cell.tree(split)
             exact = expected_scores(tree, probabilities, format=MASKED)
             scores[split] = Scores(f"{EXTERNAL}{algorithm}", cell.name, split, list(tree.problem_ids),
-                                   exact["accuracy"], exact["tokens"])
+                                   exact["accuracy"], exact["tokens"], cell.digest)
         scored = time.perf_counter() - started
     return {"scores": scores, "frames": experiment.total_frames, "train_seconds": round(trained, 1),
             "score_seconds": round(scored, 2)}
 
 
-def run_paths(out: str, cell, algorithm: str, seed: int) -> dict[str, str]:
-    stem = os.path.join(out, folder_name(cell), f"{EXTERNAL}{algorithm}", f"final-default-seed{seed}")
+def run_paths(out: str, cell, algorithm: str, seed: int, episodes: int | None = None) -> dict[str, str]:
+    """A run's files: the leaderboard's (``final-default-seed<k>``) or, with ``episodes``, the sample-efficiency
+    track's (``budget-<episodes>-seed<k>``, bench/benchmark/tracks.py)."""
+    name = f"final-default-seed{seed}" if episodes is None else f"budget-{episodes}-seed{seed}"
+    stem = os.path.join(out, folder_name(cell), f"{EXTERNAL}{algorithm}", name)
     return {"json": stem + ".json", **{split: f"{stem}-{split}.csv" for split in SPLITS}}
 
 
@@ -110,25 +114,30 @@ def main(argv=None) -> None:
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
     parser.add_argument("--frames", type=int, default=12_000, help="training frames per run (env steps)")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help="a sample-efficiency track run instead (bench/benchmark/tracks.py): this many episodes, "
+                        "that is episodes x the game's rounds frames, written as budget-<episodes>-seed<k>")
     parser.add_argument("--cell", default="qwen05-arith-v2:v2", help="'<set>:<game>' (python -m baselines.benchmark cells)")
     parser.add_argument("--task", choices=("tree", "replay"), default="tree",
                         help="BenchMARL's env: the batched tree (TreeTask) or the PettingZoo env (ReplayTask)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--out", default=os.path.join(RESULTS, "benchmark_suite"), help="the suite's folder")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "leaderboard"), help="the leaderboard's folder")
     args = parser.parse_args(argv)
-    if args.frames < 1:
-        parser.error(f"--frames must be >= 1, got {args.frames}")
+    if args.frames < 1 or (args.episodes is not None and args.episodes < 1):
+        parser.error(f"--frames and --episodes must be >= 1, got {args.frames} and {args.episodes}")
     try:
         cell = parse_cell(args.cell)
     except ValueError as error:
         parser.error(str(error))
+    if args.episodes is not None:  # a frame is one step of the game: a round
+        args.frames = args.episodes * (cell.options.get("max_rounds") or load_card(cell.dataset).rounds)
     import torch
 
     torch.set_num_threads(args.threads)
     settings = {"cell": cell.name, "task": args.task, "threads": args.threads, "command": command_line()}
     for seed in args.seeds:  # every algorithm's seed k before any seed k+1: a cut-short sweep stays balanced
         for algorithm in args.algorithms:
-            paths = run_paths(args.out, cell, algorithm, seed)
+            paths = run_paths(args.out, cell, algorithm, seed, args.episodes)
             if os.path.exists(paths["test"]):
                 print(f"{algorithm} seed {seed}: done before, skipped")
                 continue
