@@ -204,3 +204,24 @@ def test_texts_with_odd_characters_round_trip(tmp_path):
     with TraceWriter(copy) as writer:
         writer.write(episode)
     assert read_traces(copy) == [episode]
+
+
+def test_a_learned_policy_s_probabilities_are_traced(tmp_path):
+    from baselines.meta.evaluate import PolicyActor
+    from baselines.meta.policy import Policy, agent_layout
+
+    path = tmp_path / "trace.jsonl"
+    env = deliberation_env.parallel_env(task="arithmetic", backend="sim", max_rounds=2, trace=str(path),
+                                        trace_label="learned")
+    actor = PolicyActor(Policy(agent_layout(env)))
+    observations, infos = env.reset(seed=3)
+    while env.agents:
+        actions = actor.act(observations, infos)
+        for agent, row in actions.probabilities.items():  # a distribution, none on a masked action
+            assert sum(row) == pytest.approx(1.0, abs=1e-6)
+            assert all(p < 1e-6 for p, legal in zip(row, observations[agent]["action_mask"]) if not legal)
+        observations, _, _, _, infos = env.step(actions)
+    env.close()
+    (episode,) = read_traces(path)
+    assert all(agent.probabilities is not None and len(agent.probabilities) == 3
+               for played in episode.rounds[1:] for agent in played.agents)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from deliberation_env.analysis.traces import PolicyActions
 from deliberation_env.core.features import FEATURE_FORMAT
 
 MASKED_LOGIT = -1e9
@@ -210,18 +211,21 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def act(self, observations: Mapping[str, Any], deterministic: bool = True,
-            generator: torch.Generator | None = None) -> dict[str, int]:
-        """One action per agent of a PettingZoo observation dict (greedy unless ``deterministic=False``)."""
+            generator: torch.Generator | None = None) -> PolicyActions:
+        """One action per agent of a PettingZoo observation dict (greedy unless ``deterministic=False``), with each
+        agent's probability of every action (a trace records them: ``analysis.traces.PolicyActions``)."""
         agents = list(observations)
         if not agents:
-            return {}
+            return PolicyActions({}, {})
         x, mask = stack([encode(self.layout, observations[a]) for a in agents])
         logits = self(x, mask)
+        probabilities = torch.softmax(logits, -1)
         if deterministic:
             chosen = logits.argmax(-1)
         else:
-            chosen = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
-        return {a: int(c) for a, c in zip(agents, chosen.tolist())}
+            chosen = torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
+        rows = probabilities.detach().tolist()
+        return PolicyActions({a: int(c) for a, c in zip(agents, chosen.tolist())}, dict(zip(agents, rows)))
 
 
 def stack(encoded: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
