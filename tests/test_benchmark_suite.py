@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from baselines.benchmark import Scores
+from baselines.benchmark import Cell, Scores
 from deliberation_env.record import main as record
 from tests.test_replay import SIM_FLAGS
 
@@ -136,7 +136,7 @@ def test_a_protocol_better_on_test_than_validations_choice_is_reported_beside_ne
     runs = [scores("sft", "test", rng.random(40) < 0.6) for _ in range(3)]
     found = {"protocols": {"validation": validation, "test": test},
              "trainers": {"sft": {"runs": runs, "grid": {}, "chosen": "lr0.001", "validation": 0.75, "frames": []}}}
-    cell = type("Cell", (), {"name": "set:v2"})()
+    cell = Cell("set", "v2")
     [summary] = suite.summaries([(cell, found)], 0.95, 0.95)
     assert summary["best"] == "self_consistency" and summary["hindsight"] == "debate"
     reference = test["self_consistency"].accuracy.mean()
@@ -188,7 +188,7 @@ def test_the_peer_budget_study_trains_ours_for_the_peers_frames(sets, tmp_path, 
                 "--out", str(tmp_path / "budget"), "--runs", "again"])
     lr = os.path.basename(glob.glob(str(cell / "mappo" / "final-*-seed0-test.csv"))[0]).split("-")[1]
     for seed in (0, 1):
-        ours = load_checkpoint(glob.glob(f"runs/benchmark_suite/all-v2/mappo/final-{lr}-seed{seed}/policy.pt")[0])
+        ours = load_checkpoint(glob.glob(f"runs/leaderboard/all-v2/mappo/final-{lr}-seed{seed}/policy.pt")[0])
         again = load_checkpoint(glob.glob(f"again/all-v2/mappo/final-{lr}-seed{seed}/policy.pt")[0])
         assert (ours["config"]["episodes"], again["config"]["episodes"]) == (20, 60)
         assert {k: v for k, v in ours["config"].items() if k not in ("episodes", "out")} == \

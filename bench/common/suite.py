@@ -76,12 +76,15 @@ def read(folder: str) -> dict:
         tunes = glob.glob(os.path.join(folder, algo, "tune-*-validation.csv"))
         if finals:
             grid: dict[str, list[float]] = {}
-            for path in tunes:
-                value = os.path.basename(path).split("-")[1]
-                grid.setdefault(value, []).append(float(Scores.load(path).accuracy.mean()))
+            grid_runs: dict[str, list[np.ndarray]] = {}
+            for path in sorted(tunes):
+                value, accuracy = os.path.basename(path).split("-")[1], Scores.load(path).accuracy
+                grid.setdefault(value, []).append(float(accuracy.mean()))
+                grid_runs.setdefault(value, []).append(accuracy)
             chosen = os.path.basename(finals[0]).split("-")[1]
             validation = [Scores.load(p.replace("-test.csv", "-validation.csv")) for p in finals]
             found["trainers"][algo] = {"runs": [Scores.load(p) for p in finals], "grid": grid, "chosen": chosen,
+                                       "grid_runs": {value: np.stack(runs) for value, runs in grid_runs.items()},
                                        "validation": float(np.mean([v.accuracy.mean() for v in validation])),
                                        "frames": external_frames(os.path.join(folder, algo))}
     loaded_scores = [*(s for split in found["protocols"].values() for s in split.values()),
@@ -103,6 +106,17 @@ def choices(found: dict) -> tuple[str, list[tuple[str, dict]]]:
     (mean validation accuracy over their final seeds, best first)."""
     trainers = sorted(found["trainers"].items(), key=lambda item: -item[1]["validation"])
     return pick_protocol(found["protocols"]["validation"]), trainers
+
+
+def stability(candidates: dict[str, np.ndarray], resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """How often each candidate would be chosen (the highest mean accuracy; ties: the first listed) if the validation
+    problems were drawn again: ``candidates`` maps a name to its (runs, problems) or (problems,) validation scores on
+    the same problems; returns each name's share of ``resamples`` bootstrap resamples of the problems."""
+    names = list(candidates)
+    means = np.stack([np.atleast_2d(candidates[name]).mean(0) for name in names])  # (candidates, problems)
+    draws = np.random.default_rng(seed).integers(0, means.shape[1], (resamples, means.shape[1]))
+    winners = means[:, draws].mean(-1).argmax(0)  # (resamples,): argmax takes the first of ties
+    return {name: float((winners == k).mean()) for k, name in enumerate(names)}
 
 
 def margins(found: dict) -> dict[str, float]:
