@@ -12,14 +12,16 @@ the leaderboard is made here):
 |---|---|
 | vote / debate | every agent PERSISTs / REFINEs in round 1 (PERSISTs after) |
 | best protocol | the best fixed joint action per round, chosen on the training folds (cross-validated) |
-| myopic / sequential | the best shared decentralised policy of the class below, cross-validated; *myopic* picks each round's table for the consensus right after that round, as if it were the last; *sequential* for the final consensus (coordinate ascent over the tables from several starts, a lower bound of the class's best) |
+| myopic / sequential | the best decentralised policy of the class below, cross-validated; *myopic* picks each round's table for the consensus right after that round, as if it were the last; *sequential* for the final consensus (coordinate ascent over the tables from several starts, a lower bound of the class's best) |
 | sequential - myopic | with a paired bootstrap 95% interval over problems (held-out outcomes averaged over the fold splits) |
 | ceiling | the sequential policy with each agent's own correctness as its signal (privileged): what no observation of the class reaches |
 | joint oracle | the best joint-action sequence per problem |
 
-The policy class: per round, a table from (how many peers hold my answer, my signal above its training median) to an
-action, shared by the agents; the signal is one column of the game's observation (or none), chosen on the training
-folds by the policy's own objective. Writes bench/results/sequential_headroom.md.
+The policy class: per round and agent, a table from (how many peers hold my answer, my signal above its training
+median) to an action (decentralised: each agent reads its own observation only; one table per agent, so a fixed
+joint action is in the class); the signal is one column of the game's observation (or none), chosen on the training
+folds by the policy's own objective. The ascent starts from every agent PERSISTing, from every agent REFINEing in
+round 1, from the best protocol of the training folds, and from a random table. Writes bench/results/sequential_headroom.md.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import numpy as np
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
-from baselines.benchmark import parse_cell
+from baselines.benchmark import loaded, parse_cell
 from bench.common.results import command_line, write_report
 from deliberation_env.analysis.metrics import paired_bootstrap
 from deliberation_env.cli import ArgumentParser
+from deliberation_env.engine import compile_tree
 
 SPLITS = ("fit", "validation", "test")
 
@@ -79,32 +82,32 @@ def states(tree: Pooled, nodes: np.ndarray, signal: np.ndarray | None, threshold
 def play(tree: Pooled, roots: np.ndarray, tables: np.ndarray, signal: np.ndarray | None, threshold: float,
          rounds: int | None = None) -> np.ndarray:
     """Per root, whether the consensus is right after ``rounds`` rounds (default all) of the policy ``tables``
-    (R, states) -> action; a masked action plays as PERSIST, as the env does."""
-    nodes = roots.copy()
+    (R, N, states) -> action; a masked action plays as PERSIST, as the env does."""
+    nodes, agents = roots.copy(), np.arange(tree.num_agents)
     for r in range(tree.rounds if rounds is None else rounds):
-        actions = tables[r][states(tree, nodes, signal, threshold)]
+        actions = tables[r][agents, states(tree, nodes, signal, threshold)]
         legal = np.take_along_axis(tree.mask[nodes], actions[..., None], -1)[..., 0] > 0
         nodes = tree.step(nodes, (actions * legal) @ tree.weights)
     return tree.consensus[nodes]
 
 
 def fit_tables(tree: Pooled, roots: np.ndarray, signal: np.ndarray | None, threshold: float, myopic: bool,
-               rng: np.random.Generator, starts: int = 3) -> tuple[np.ndarray, tuple[float, ...]]:
-    """The best tables found by coordinate ascent from ``starts`` starts (all PERSIST, REFINE then PERSIST, random),
-    and their objective: the final consensus; or (``myopic``) round by round, each round's table for the consensus
-    right after it with the earlier tables fixed, the objective then each round's value in turn (compared in order)."""
-    size = 2 * tree.num_agents
-    refine = np.zeros((tree.rounds, size), np.int64)
+               rng: np.random.Generator, protocol: np.ndarray) -> tuple[np.ndarray, tuple[float, ...]]:
+    """The best tables found by coordinate ascent from four starts (every agent PERSISTs; every agent REFINEs in
+    round 1; the fixed joint actions ``protocol``, (R, N); random), and their objective: the final consensus; or
+    (``myopic``) round by round, each round's table for the consensus right after it with the earlier tables fixed,
+    the objective then each round's value in turn (compared in order)."""
+    shape = (tree.rounds, tree.num_agents, 2 * tree.num_agents)
+    refine = np.zeros(shape, np.int64)
     refine[0] = 1
-    inits = [np.zeros((tree.rounds, size), np.int64), refine]
-    inits += [rng.integers(tree.num_actions, size=(tree.rounds, size)) for _ in range(max(0, starts - len(inits)))]
+    inits = [np.zeros(shape, np.int64), refine, np.repeat(protocol[:, :, None], shape[2], axis=2),
+             rng.integers(tree.num_actions, size=shape)]
     best, best_objective = inits[0], (-1.0,)
     for tables in inits:
         stages = [[r] for r in range(tree.rounds)] if myopic else [list(range(tree.rounds))]
         objective = []
         for rounds in stages:
-            horizon = rounds[-1] + 1
-            tables, value = _ascend(tree, roots, tables, rounds, signal, threshold, horizon)
+            tables, value = _ascend(tree, roots, tables, rounds, signal, threshold, rounds[-1] + 1)
             objective.append(value)
         if tuple(objective) > best_objective:
             best, best_objective = tables, tuple(objective)
@@ -118,12 +121,12 @@ def _ascend(tree: Pooled, roots: np.ndarray, tables: np.ndarray, rounds: list[in
     improved = True
     while improved:
         improved = False
-        for r, entry in itertools.product(rounds, range(tables.shape[1])):
+        for r, agent, entry in itertools.product(rounds, range(tables.shape[1]), range(tables.shape[2])):
             for action in range(tree.num_actions):
-                if action == tables[r, entry]:
+                if action == tables[r, agent, entry]:
                     continue
                 trial = tables.copy()
-                trial[r, entry] = action
+                trial[r, agent, entry] = action
                 got = play(tree, roots, trial, signal, threshold, horizon).mean()
                 if got > value + 1e-12:
                     tables, value, improved = trial, got, True
@@ -136,25 +139,29 @@ def cross_validated(tree: Pooled, folds: int, repeats: int, seed: int) -> dict[s
     out = {name: np.zeros(problems) for name in ("protocol", "myopic", "sequential", "ceiling")}
     columns = [None, *range(len(tree.feature_names))]
     joints = tree.num_actions ** tree.num_agents
-    sequences = protocol_outcomes(tree, np.array(list(itertools.product(range(joints), repeat=tree.rounds))))
+    candidates = np.array(list(itertools.product(range(joints), repeat=tree.rounds)))
+    sequences = protocol_outcomes(tree, candidates)
+    digits = tree.num_actions ** np.arange(tree.num_agents - 1, -1, -1)
     rng = np.random.default_rng(seed)
     for _ in range(repeats):
         fold = rng.permutation(problems) % folds
         for k in range(folds):
             train, held = tree.roots[fold != k], tree.roots[fold == k]
-            out["protocol"][fold == k] += sequences[fold == k, sequences[fold != k].mean(0).argmax()]
+            best = sequences[fold != k].mean(0).argmax()
+            out["protocol"][fold == k] += sequences[fold == k, best]
+            protocol = candidates[best][:, None] // digits % tree.num_actions  # (R, N): each agent's action
             for name, myopic in (("myopic", True), ("sequential", False)):
                 chosen, chosen_value = None, (-1.0,)
                 for column in columns:
                     signal = None if column is None else tree.rows[:, :, column]
                     threshold = 0.0 if signal is None else float(np.median(signal[train]))
-                    tables, value = fit_tables(tree, train, signal, threshold, myopic, rng)
+                    tables, value = fit_tables(tree, train, signal, threshold, myopic, rng, protocol)
                     if value > chosen_value:
                         chosen, chosen_value = (tables, signal, threshold), value
                 tables, signal, threshold = chosen
                 out[name][fold == k] += play(tree, held, tables, signal, threshold)
             correct = tree.correct.astype(float)
-            tables, _ = fit_tables(tree, train, correct, 0.5, False, rng)
+            tables, _ = fit_tables(tree, train, correct, 0.5, False, rng, protocol)
             out["ceiling"][fold == k] += play(tree, held, tables, correct, 0.5)
     return {name: values / repeats for name, values in out.items()}
 
@@ -179,9 +186,11 @@ def joint_oracle(tree: Pooled) -> np.ndarray:
     return value[tree.roots]
 
 
-def row(name: str, game: str, rounds: int, folds: int, repeats: int, seed: int) -> dict:
+def row(name: str, game: str, rounds: int, folds: int, repeats: int, seed: int, problems: int | None) -> dict:
     cell = parse_cell(f"{name}:{game}" if rounds == 1 else f"{name}:{game}-r2")
-    tree = Pooled([cell.tree(split) for split in SPLITS])
+    trees = [cell.tree(split) if problems is None else
+             compile_tree(loaded(cell.dataset), split, problems=range(problems), **cell.options) for split in SPLITS]
+    tree = Pooled(trees)
     refine = int(tree.weights.sum())  # all REFINE: every digit 1
     vote = protocol_outcomes(tree, np.zeros((1, rounds), np.int64))[:, 0]
     debate = protocol_outcomes(tree, np.array([[refine] + [0] * (rounds - 1)]))[:, 0]
@@ -217,9 +226,10 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="fold splits averaged (default 3)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--problems", type=int, default=None, help="the first N problems of each split (a dev run)")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = [row(name, game, rounds, args.folds, args.repeats, args.seed)
+    rows = [row(name, game, rounds, args.folds, args.repeats, args.seed, args.problems)
             for name in args.sets for game in args.games for rounds in (1, 2)]
     write_report("sequential_headroom", report(rows, args.folds, args.repeats, time.perf_counter() - started))
 
