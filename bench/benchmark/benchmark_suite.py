@@ -36,8 +36,9 @@ import numpy as np
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import GAMES, PROTOCOL_ROWS, interquartile_mean, parse_cell, protocol_scores, shipped_cells
+from baselines.meta.trainers import leaderboard_rows
 from bench.common.results import RESULTS, command_line
-from bench.common.suite import EXTERNAL, TRAINERS, choices, folder_name, headline, margins, read, train_and_score
+from bench.common.suite import EXTERNAL, choices, folder_name, headline, margins, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -152,7 +153,7 @@ def overview(found_cells: list[dict], level: float) -> list[str]:
     if not found_cells:
         return []
     found = {a for c in found_cells for a in c["rows"]}
-    algos = [a for a in TRAINERS if a in found] + sorted(found - set(TRAINERS))
+    algos = [a for a in leaderboard_rows() if a in found] + sorted(found - set(leaderboard_rows()))
     lines = [f"Every cell at a glance: each trainer's test difference to the cell's best protocol, points "
              f"[{100 * level:.2f}%] (**bold**: above 0).", "",
              "| cell | best protocol (test) | " + " | ".join(algos) + " |", "|---|---|" + "---|" * len(algos)]
@@ -238,7 +239,7 @@ def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="+",
                         help="cells '<set>:<game>' (a set: a shipped name or a folder); default: every shipped cell")
-    parser.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=list(TRAINERS))
+    parser.add_argument("--trainers", nargs="*", default=list(leaderboard_rows()), choices=list(leaderboard_rows()))
     parser.add_argument("--seeds", type=int, default=10, help="final runs per trainer (seeds 0..S-1)")
     parser.add_argument("--episodes", type=int, default=4000)
     parser.add_argument("--out", default=OUT)
