@@ -15,14 +15,8 @@ N LLM agents solve one problem (round 0, inside ``reset``), then deliberate for 
 | Episode length     | ``max_rounds`` steps (default 3); optionally earlier, see ``early_stop``    |
 
 Observation of agent i (F floats in [0, 1] per agent; ``deliberation_env.core.features`` has every column).
-The ``features`` option picks the feature set (default ``"v1"``), a registered ``core.features.FeatureSet``:
-
-| features | F  | extends | adds                                                                    | needs    |
-|----------|----|---------|-------------------------------------------------------------------------|----------|
-| ``v1``   | 16 |         | answer schema, critic confidence, reasoning profile, last action, round |          |
-| ``v2``   | 23 | ``v1``  | signals of the latest completion and of the concede target              | logprobs |
-| ``v3``   | 29 | ``v2``  | the agent's role and its tool's verdict                                 | roles    |
-
+The ``features`` option picks the feature set (default ``"v1"``; ``v2`` and ``v3`` add columns), a registered
+``core.features.FeatureSet`` (``core.features.feature_set_table()`` lists the registered ones, their widths and needs).
 A set that needs logprobs asks the backend for token log-probabilities (the same requests otherwise: replay sets
 serve it); a backend that gives none leaves those columns at documented neutral values.
 

@@ -1,5 +1,6 @@
 """Feature sets and tools are blocks: registered from outside the package through the public API, they play on the
-sim backend, record and replay; the docstrings' feature-set tables agree with the declarations."""
+sim backend, record and replay; the docs' tables of feature sets, tools and a role's fields are written from the
+declarations (``scripts/docs_tables.py``)."""
 
 from __future__ import annotations
 
@@ -204,12 +205,20 @@ def test_a_toy_tool_and_a_toy_feature_set_record_and_replay_equal_to_live_withou
     assert replayed.backends[0].misses == 0
 
 
-# ------------------------------------------------------------------ docstrings checked against the declarations
-def test_the_feature_set_tables_are_the_declarations():
+# ------------------------------------------------------------------ the docs' tables come from the declarations
+def test_the_docs_tables_are_written_from_the_declarations():
+    """docs/reference.md's tables of feature sets, tools and a role's fields are ``scripts/docs_tables.py``'s output
+    (run it after changing a declaration), and no docstring keeps a copy of the feature-set table."""
+    from scripts import docs_tables
+
+    text = (ROOT / "docs/reference.md").read_text(encoding="utf-8")
+    assert docs_tables.stale(text) == [], "run python scripts/docs_tables.py"
+    assert {"feature_sets", "tools", "role_fields"} <= {m.group(2) for m in docs_tables.SECTION.finditer(text)}
+    edited = text.replace("| ``v3``   | 29 |", "| ``v3``   | 30 |")
+    assert docs_tables.stale(edited) == ["feature_sets"] and docs_tables.regenerate(edited) == text
     table = features.feature_set_table(features.BUILT_IN_FEATURE_SETS)
-    for name, text in (("core/features.py", features.__doc__), ("env.py", importlib.import_module("deliberation_env.env").__doc__),
-                       ("docs/reference.md", (ROOT / "docs/reference.md").read_text(encoding="utf-8"))):
-        assert table in (text or ""), f"{name}: its feature-set table is not features.feature_set_table()"
+    for module in ("deliberation_env.core.features", "deliberation_env.env"):
+        assert table.splitlines()[2] not in (importlib.import_module(module).__doc__ or ""), module
     assert max(features.FEATURE_SETS[n].version for n in features.BUILT_IN_FEATURE_SETS) == features.FEATURE_FORMAT
 
 

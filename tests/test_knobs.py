@@ -13,7 +13,8 @@ import pytest
 from baselines.config import TrainConfig
 from baselines.llm.config import LLMTrainConfig, text_env_kwargs
 from baselines.meta.config import BaseConfig
-from baselines.meta.train import ALGORITHMS, config_class
+from baselines.meta.train import config_class
+from baselines.meta.trainers import trainers
 from deliberation_env.cli import SAMPLING_FLAGS, ArgumentParser, add_env_arguments, env_arguments
 from deliberation_env.core.config import DeliberationConfig
 
@@ -28,7 +29,7 @@ def parsed_defaults() -> dict[str, dict[str, object]]:
     from baselines.meta import evaluate, train
     from deliberation_env import demo, record
 
-    programs = {f"train --algo {algo}": vars(train.build_parser(algo).parse_args([])) for algo in ALGORITHMS}
+    programs = {f"train --algo {algo}": vars(train.build_parser(algo).parse_args([])) for algo in trainers()}
     programs.update({"train_llm": vars(train_llm.build_parser().parse_args([])),
                      "evaluate": vars(evaluate.build_parser().parse_args([])),
                      "demo": vars(demo.build_parser().parse_args([])),
@@ -193,7 +194,7 @@ def redeclared(cls: type) -> list[tuple[dataclasses.Field, dataclasses.Field]]:
     return pairs
 
 
-CONFIGS = sorted({BaseConfig, LLMTrainConfig, *(config_class(algo) for algo in ALGORITHMS)}, key=lambda c: c.__name__)
+CONFIGS = sorted({BaseConfig, LLMTrainConfig, *(config_class(algo) for algo in trainers())}, key=lambda c: c.__name__)
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)

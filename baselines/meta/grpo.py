@@ -22,6 +22,7 @@ from baselines.advantages import group_normalized, grouped_apply
 from baselines.meta.group_trainer import GroupConfig, train_grouped
 from baselines.meta.policy import Policy
 from baselines.meta.rollout import Rollouts, agent_returns
+from baselines.meta.trainers import Trainer, register_trainer
 
 
 @dataclass
@@ -43,3 +44,6 @@ def advantages(ro: Rollouts, cfg: GRPOConfig) -> np.ndarray:
 
 def train(cfg: GRPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     return train_grouped(cfg, "grpo", lambda ro: advantages(ro, cfg), env_fn)
+
+
+register_trainer(Trainer("grpo", GRPOConfig, train))

@@ -26,6 +26,7 @@ from baselines.advantages import group_normalized, grouped_apply
 from baselines.meta.group_trainer import GroupConfig, train_grouped
 from baselines.meta.policy import Policy
 from baselines.meta.rollout import Rollouts, team_returns
+from baselines.meta.trainers import Trainer, register_trainer
 
 
 @dataclass
@@ -74,3 +75,6 @@ def team_reward_to_go(ro: Rollouts, gamma: float) -> tuple[np.ndarray, np.ndarra
 
 def train(cfg: MAGRPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     return train_grouped(cfg, "magrpo", lambda ro: advantages(ro, cfg), env_fn)
+
+
+register_trainer(Trainer("magrpo", MAGRPOConfig, train))

@@ -29,6 +29,7 @@ from baselines.meta.distributed import open_collector
 from baselines.meta.group_trainer import actor_loss
 from baselines.meta.policy import Policy, adam, agent_layout, build_network, mlp, save_checkpoint
 from baselines.meta.rollout import EpisodeSpec, Rollouts, global_state, rollout_metrics, sampling_key, trajectories
+from baselines.meta.trainers import Trainer, register_trainer
 from baselines.runtime import seed_everything
 
 
@@ -152,3 +153,6 @@ def train(cfg: PPOConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     collector.close()
     save_checkpoint(os.path.join(out, "policy.pt"), policy, "ppo", asdict(cfg))
     return policy
+
+
+register_trainer(Trainer("ppo", PPOConfig, train, rows={"ppo": {}, "mappo": {"centralized_critic": True}}))

@@ -24,6 +24,7 @@ from baselines.meta.config import BaseConfig, make_env_fn
 from baselines.meta.distributed import open_collector
 from baselines.meta.policy import Policy, adam, agent_layout, save_checkpoint
 from baselines.meta.rollout import EpisodeSpec, rollout_metrics, sampling_key
+from baselines.meta.trainers import Trainer, register_trainer
 from baselines.runtime import seed_everything
 
 
@@ -92,3 +93,6 @@ def train(cfg: SFTConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     save_checkpoint(os.path.join(out, "policy.pt"), policy, "sft", asdict(cfg), label_shares=np.bincount(
         y.numpy(), minlength=layout.num_actions).tolist())
     return policy.eval()
+
+
+register_trainer(Trainer("sft", SFTConfig, train))

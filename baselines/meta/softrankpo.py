@@ -43,6 +43,7 @@ from baselines.meta.policy import Policy
 from baselines.meta.rollout import Rollouts, agent_returns
 from baselines.meta.sft import SFTConfig
 from baselines.meta.sft import train as train_sft
+from baselines.meta.trainers import Trainer, register_trainer
 
 
 @dataclass
@@ -92,3 +93,6 @@ def train(cfg: SoftRankPOConfig, env_fn: Callable[[], Any] | None = None) -> Pol
     elif cfg.init is not None and cfg.reference is None and cfg.kl_coef > 0:
         cfg = replace(cfg, reference=cfg.init)
     return train_grouped(replace(cfg, out=out), "softrankpo", lambda ro: advantages(ro, cfg), env_fn, policy, reference)
+
+
+register_trainer(Trainer("softrankpo", SoftRankPOConfig, train))

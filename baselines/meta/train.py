@@ -9,7 +9,7 @@
     python -m baselines.meta.train --algo grpo --num-workers 4 [--ray-address HEAD:6379]   # rollouts in Ray actors
 
 Algorithms: softrankpo (SFT stage, then SoftRankPO), grpo, ppo (+ --centralized-critic for
-MAPPO), magrpo, sft. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
+MAPPO), magrpo, sft, and every trainer registered in ``baselines.meta.trainers``. Writes <out>/metrics.jsonl, metrics.csv, tb/ (TensorBoard) and
 <out>/policy.pt (``baselines.meta.policy.load_policy``); then, unless --no-evaluate, evaluates the
 policy (and the SFT stage's) against the fixed protocols on the test split and saves
 <out>/eval/table.md, table.csv and PNG plots.
@@ -18,7 +18,6 @@ policy (and the SFT stage's) against the fixed protocols on the test split and s
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 from baselines.meta.config import BaseConfig, build_backend, env_kwargs, make_env_fn
 from baselines.meta.policy import Policy, load_checkpoint, trained_game
+from baselines.meta.trainers import trainer, trainers
 from deliberation_env.cli import (
     BACKEND_FLAGS,
     ArgumentParser,
@@ -41,13 +41,6 @@ from deliberation_env.cli import (
 
 PROG = "python -m baselines.meta.train"
 
-ALGORITHMS: dict[str, tuple[str, str]] = {
-    "softrankpo": ("baselines.meta.softrankpo", "SoftRankPOConfig"),
-    "grpo": ("baselines.meta.grpo", "GRPOConfig"),
-    "ppo": ("baselines.meta.ppo", "PPOConfig"),
-    "magrpo": ("baselines.meta.magrpo", "MAGRPOConfig"),
-    "sft": ("baselines.meta.sft", "SFTConfig"),
-}
 
 
 @dataclass
@@ -70,23 +63,26 @@ class EvalOptions:
 
 
 def config_class(algo: str) -> type:
-    """The config dataclass of an algorithm; ValueError for unknown names."""
-    if algo not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
-    module, name = ALGORITHMS[algo]
-    return getattr(importlib.import_module(module), name)
+    """The config dataclass of a registered trainer (``baselines.meta.trainers``); ValueError for unknown names."""
+    return trainer(algo).config
 
 
 def run(algo: str, cfg: BaseConfig, env_fn: Callable[[], Any] | None = None) -> Policy:
     """Train ``algo`` with ``cfg`` (validated) on ``env_fn`` (default: the deliberation env of cfg)."""
-    config_class(algo)
+    declared = trainer(algo)
     cfg.validate()
-    return importlib.import_module(ALGORITHMS[algo][0]).train(cfg, env_fn)
+    return declared.train(cfg, env_fn)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":  # its old table of module paths: now every registered trainer, plugins included
+        return tuple(trainers())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_parser(algo: str) -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="softrankpo",
+    parser.add_argument("--algo", choices=sorted(trainers()), default="softrankpo",
                         help="training algorithm (default: softrankpo); --help after --algo X lists X's fields")
     add_config_arguments(parser.add_argument_group(f"{algo} config"), config_class(algo), skip=BACKEND_FLAGS)
     add_backend_arguments(parser.add_argument_group("LLM backend (one backend object shared by every env)"))
@@ -135,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> Policy:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--algo", default="softrankpo")
     algo = pre.parse_known_args(argv)[0].algo
-    if algo not in ALGORITHMS:
+    if algo not in trainers():
         build_parser("softrankpo").parse_args(argv)  # argparse reports the invalid choice and exits
     parser = build_parser(algo)
     args = parser.parse_args(argv)

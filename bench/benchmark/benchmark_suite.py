@@ -45,11 +45,11 @@ from baselines.benchmark import (
     parse_cell,
     protocol_scores,
 )
+from baselines.meta.trainers import leaderboard_rows
 from bench.benchmark.tracks import budget_lines, transfer_lines
 from bench.common.results import RESULTS, command_line
 from bench.common.suite import (
     EXTERNAL,
-    TRAINERS,
     check_digests,
     choices,
     folder_name,
@@ -186,7 +186,7 @@ def overview(found_cells: list[dict], level: float) -> list[str]:
     if not found_cells:
         return []
     found = {a for c in found_cells for a in c["rows"]}
-    algos = [a for a in TRAINERS if a in found] + sorted(found - set(TRAINERS))
+    algos = [a for a in leaderboard_rows() if a in found] + sorted(found - set(leaderboard_rows()))
     lines = [f"Every cell at a glance: each trainer's test difference to the cell's best protocol, points "
              f"[{100 * level:.2f}%] (**bold**: above 0).", "",
              "| cell | best protocol (test) | " + " | ".join(algos) + " |", "|---|---|" + "---|" * len(algos)]
@@ -297,7 +297,7 @@ def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="+",
                         help="cells '<set>:<game>' (a set: a shipped name or a folder); default: every shipped cell")
-    parser.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=list(TRAINERS))
+    parser.add_argument("--trainers", nargs="*", default=list(leaderboard_rows()), choices=list(leaderboard_rows()))
     parser.add_argument("--seeds", type=int, default=10, help="final runs per trainer (seeds 0..S-1)")
     parser.add_argument("--episodes", type=int, default=4000)
     parser.add_argument("--out", default=OUT)

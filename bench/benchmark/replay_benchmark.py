@@ -43,8 +43,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 
 from baselines.benchmark import Scores, best_protocol, loaded, parse_cell, protocol_scores
 from baselines.evaluation.evaluate import accuracy_vs_tokens_figure, headless_pyplot
+from baselines.meta.trainers import leaderboard_rows
 from bench.common.results import RESULTS
-from bench.common.suite import TRAINERS, train_and_score
+from bench.common.suite import train_and_score
 from bench.common.trees import feature_columns, headroom, pool_trees, tree_of
 from deliberation_env.analysis.metrics import auroc, clustered_auroc, hierarchical_bootstrap, paired_bootstrap
 from deliberation_env.cli import ArgumentParser
@@ -154,7 +155,7 @@ def signal_table(found: list[dict], resamples: int = 1000, seed: int = 0) -> lis
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cell", default="qwen05-arith-v2:v2", help="'<set>:<game>' (python -m baselines.benchmark cells)")
-    parser.add_argument("--algos", nargs="*", default=list(TRAINERS), choices=list(TRAINERS),
+    parser.add_argument("--algos", nargs="*", default=list(leaderboard_rows()), choices=list(leaderboard_rows()),
                         help="trainers to run (none: the protocols and the analysis of the tree only)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=4000)

@@ -35,8 +35,9 @@ import numpy as np
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, parse_cell, policy_scores
+from baselines.meta.trainers import leaderboard_rows
 from bench.common.results import RESULTS
-from bench.common.suite import EXTERNAL, TRAINERS, folder_name, read, train_and_score
+from bench.common.suite import EXTERNAL, folder_name, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -78,7 +79,7 @@ def targets(cell) -> list:
 
 def run_transfer(cells, out: str) -> None:
     for cell in cells:
-        for algo in TRAINERS:
+        for algo in leaderboard_rows():
             checkpoints = sorted(glob.glob(os.path.join(RUNS, folder_name(cell), algo, "final-*", "policy.pt")))
             for path, target in itertools.product(checkpoints, targets(cell)):
                 seed = path.split("seed")[-1].split(os.sep)[0]
@@ -107,9 +108,9 @@ def budget_lines(out: str, cells) -> list[str]:
         found = read(folder)
         rows = {}
         externals = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, EXTERNAL + "*")))
-        for algo in [*TRAINERS, *externals]:
+        for algo in [*leaderboard_rows(), *externals]:
             runs = budget_runs(folder, algo)
-            if runs and algo in TRAINERS and algo in found["trainers"]:  # the leaderboard's runs: seeds 0..S-1
+            if runs and algo in leaderboard_rows() and algo in found["trainers"]:  # the leaderboard's runs: seeds 0..S-1
                 seeds = min(len(r) for r in runs.values())
                 runs[4000] = np.stack([r.accuracy for r in found["trainers"][algo]["runs"][:seeds]])
             if len(runs) > 1:
@@ -147,7 +148,7 @@ def transfer_lines(out: str, cells) -> list[str]:
     for target in cells:
         folder = os.path.join(out, folder_name(target))
         own = read(folder)["trainers"]
-        for algo in TRAINERS:
+        for algo in leaderboard_rows():
             for path_source in sorted({p.split("-from-")[1].removesuffix("-test.csv") for p in
                                        glob.glob(os.path.join(folder, algo, "transfer-*-test.csv"))}):
                 runs = np.stack([Scores.load(p).accuracy for p in
@@ -180,7 +181,7 @@ def main(argv=None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     budgets = commands.add_parser("budgets", help="train every trainer at each budget of BUDGETS")
     budgets.add_argument("--cells", nargs="+", required=True)
-    budgets.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=list(TRAINERS))
+    budgets.add_argument("--trainers", nargs="*", default=list(leaderboard_rows()), choices=list(leaderboard_rows()))
     budgets.add_argument("--seeds", type=int, default=5)
     transfer = commands.add_parser("transfer", help="score every final run on the cells it transfers to")
     transfer.add_argument("--cells", nargs="+", default=None, help="source cells (default: the leaderboard's)")

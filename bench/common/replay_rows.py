@@ -15,7 +15,7 @@ import numpy as np
 from baselines.benchmark import PROTOCOL_ROWS
 from baselines.evaluation.evaluate import episode_seed, play_episodes
 from baselines.meta.train import config_class, run
-from bench.common.suite import TRAINERS
+from baselines.meta.trainers import leaderboard_rows
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import SPECS, make_protocol, protocol_agents
 from deliberation_env.replay import ReplaySet
@@ -57,9 +57,10 @@ def options(args) -> dict:
 def train_policy(dataset: ReplaySet, algo: str, seed: int, args, run_dir: str | None = None):
     """Trains ``algo`` on the set's train split (``args``: episodes, features, env_options, out); returns the policy."""
     run_dir = run_dir or os.path.join(args.out, "runs", f"{algo}-{args.features}-seed{seed}")
-    cfg = config_class("ppo" if algo == "mappo" else algo)(
+    trained, keywords = leaderboard_rows()[algo]
+    cfg = config_class(trained)(
         episodes=args.episodes, seed=seed, out=run_dir, progress=False, tensorboard=False,
-        num_agents=dataset.card.settings["num_agents"], max_rounds=dataset.card.rounds, **TRAINERS[algo])
-    return run("ppo" if algo == "mappo" else algo, cfg, lambda: replay_env(dataset, split="train", **options(args)))
+        num_agents=dataset.card.settings["num_agents"], max_rounds=dataset.card.rounds, **keywords)
+    return run(trained, cfg, lambda: replay_env(dataset, split="train", **options(args)))
 
 

@@ -15,9 +15,9 @@ import numpy as np
 from baselines.benchmark import Scores, loaded, pick_protocol, policy_scores
 from baselines.meta.config import make_env_fn
 from baselines.meta.train import config_class, run
+from baselines.meta.trainers import leaderboard_rows
 from deliberation_env.replay import ReplayBackend
 
-TRAINERS = {"softrankpo": {}, "grpo": {}, "ppo": {}, "mappo": {"centralized_critic": True}, "magrpo": {}, "sft": {}}
 EXTERNAL = "benchmarl-"
 """The prefix of external rows in a cell's folder (``bench/benchmark/peers_benchmarl.py``: a peer library's algorithm
 with its own configs, untuned, its final runs named ``final-default-seed<k>``)."""
@@ -45,12 +45,13 @@ def train_and_score(cell, algo: str, config: dict, seed: int, episodes: int, spl
     paths = {split: os.path.join(folder, f"{stem}-{split}.csv") for split in splits}
     if all(os.path.isfile(path) for path in paths.values()):
         return {split: Scores.load(path) for split, path in paths.items()}
-    cfg = config_class("ppo" if algo == "mappo" else algo)(
+    trained, keywords = leaderboard_rows()[algo]  # the row's trainer and its settings (mappo: ppo's, centralized)
+    cfg = config_class(trained)(
         replay=cell.dataset, env_options=cell.options, train_split="fit", episodes=episodes, seed=seed,
         out=os.path.join(runs, folder_name(cell), algo, stem), progress=False,
-        tensorboard=False, **TRAINERS[algo], **config)
+        tensorboard=False, **keywords, **config)
     backend = ReplayBackend(loaded(cell.dataset))
-    policy = run("ppo" if algo == "mappo" else algo, cfg, make_env_fn(cfg, "fit", backend))
+    policy = run(trained, cfg, make_env_fn(cfg, "fit", backend))
     scores = {split: policy_scores(policy, cell, split, label=algo) for split in splits}
     for split, path in paths.items():
         scores[split].save(path)
@@ -71,7 +72,7 @@ def read(folder: str) -> dict:
         scores = Scores.load(path)
         found["protocols"].setdefault(scores.split, {})[scores.label] = scores
     externals = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, EXTERNAL + "*")))
-    for algo in [*TRAINERS, *externals]:
+    for algo in [*leaderboard_rows(), *externals]:
         finals = final_tests(os.path.join(folder, algo))
         tunes = glob.glob(os.path.join(folder, algo, "tune-*-validation.csv"))
         if finals:

@@ -24,8 +24,9 @@ import numpy as np
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from baselines.benchmark import Scores, parse_cell
+from baselines.meta.trainers import leaderboard_rows
 from bench.common.results import RESULTS, command_line
-from bench.common.suite import EXTERNAL, TRAINERS, external_frames, final_tests, folder_name, read, train_and_score
+from bench.common.suite import EXTERNAL, external_frames, final_tests, folder_name, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -104,7 +105,7 @@ def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cells", nargs="+", default=["qwen05-arith-v2:v2", "qwen05-arith-v2:chosen-v3",
                                                        "qwen05-team-arith:chosen-v3"], help="cells BenchMARL ran on")
-    parser.add_argument("--trainer", default="mappo", choices=list(TRAINERS), help="ours, as the leaderboard runs it")
+    parser.add_argument("--trainer", default="mappo", choices=list(leaderboard_rows()), help="ours, as the leaderboard runs it")
     parser.add_argument("--peer", default="mappo", help="BenchMARL's algorithm whose budget ours gets")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
     parser.add_argument("--suite", default=os.path.join(RESULTS, "benchmark_suite"), help="the leaderboard's folder")

@@ -27,9 +27,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 
 from baselines.benchmark import PROTOCOL_ROWS
 from baselines.meta.evaluate import PolicyActor
+from baselines.meta.trainers import leaderboard_rows
 from bench.common.replay_rows import options, play_rows, protocol_rows, train_policy
 from bench.common.results import RESULTS
-from bench.common.suite import TRAINERS
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser, KeyValueAction, add_env_arguments
 from deliberation_env.make import replay_env
@@ -66,7 +66,7 @@ def protocol_to_beat(dataset: ReplaySet, env_options: dict) -> tuple[str, np.nda
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="+", required=True, help="replay sets (at least 2): names, folders or hf://")
-    parser.add_argument("--algos", nargs="+", default=["softrankpo"], choices=list(TRAINERS))
+    parser.add_argument("--algos", nargs="+", default=["softrankpo"], choices=list(leaderboard_rows()))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=4000)
     add_env_arguments(parser, ("features",), defaults={"features": "v3"})

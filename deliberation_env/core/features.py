@@ -3,17 +3,11 @@
 Every agent is described by one row of floats, all in [0, 1]. The env option ``features`` picks the feature set, a
 ``FeatureSet`` registered in ``FEATURE_SETS``: its own columns (appended to those of the set it extends), the function
 that fills them, its version and what it needs from the core (token log-probabilities, the team's roles). Each built-in
-set begins with the columns of the one before:
-
-| features | F  | extends | adds                                                                    | needs    |
-|----------|----|---------|-------------------------------------------------------------------------|----------|
-| ``v1``   | 16 |         | answer schema, critic confidence, reasoning profile, last action, round |          |
-| ``v2``   | 23 | ``v1``  | signals of the latest completion and of the concede target              | logprobs |
-| ``v3``   | 29 | ``v2``  | the agent's role and its tool's verdict                                 | roles    |
-
-(``feature_set_table()`` writes this table from the declarations; ``tests/test_blocks.py`` checks it here, in
-``deliberation_env.env`` and in docs/reference.md.) A new feature set is one ``FeatureSet`` and one
-``register_feature_set`` call, in its own module or in the user's code (docs/reference.md, "Adding a feature set").
+set (``BUILT_IN_FEATURE_SETS``: ``v1``, ``v2``, ``v3``) begins with the columns of the one before;
+``feature_set_table()`` writes the table of the registered sets (width, the set extended, what it adds, what it needs)
+from their declarations, and docs/reference.md shows the built-in ones' (``scripts/docs_tables.py`` writes it there). A
+new feature set is one ``FeatureSet`` and one ``register_feature_set`` call, in its own module or in the user's code
+(docs/reference.md, "Adding a feature set").
 
 v1's columns (``FEATURES``):
 

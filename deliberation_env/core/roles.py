@@ -1,19 +1,8 @@
 """Roles: what makes the agents of a team differ.
 
 A team is homogeneous by default (``roles=None``): every agent solves with the task's prompts at the config's
-temperature. ``roles=`` gives one ``Role`` per agent, in agent order:
-
-| field         | meaning                                                                                     |
-|---------------|---------------------------------------------------------------------------------------------|
-| ``name``      | the role's name; agents with the same name share a role (``features="v3"`` shows which)      |
-| ``prompt``    | a prompt style of the task for solving and refining (arithmetic: ``default``, ``no_code``,   |
-|               | ``program``; jigsaw: ``full``, ``view_k``: what the agent knows); None: the task's own      |
-|               | prompts                                                                                     |
-| ``temperature``| the solve and refine temperature; None: the config's ``temperature``                       |
-| ``tool``      | ``"python"``: the agent's program is run in the sandbox and its output is its answer          |
-|               | (``core.tools``: a program-aided agent); ``"python_check"``: the program is run only to     |
-|               | check the text's answer (an external verifier); None: no tool                               |
-
+temperature. ``roles=`` gives one ``Role`` per agent, in agent order: its name, prompt style, temperature and tool
+(``Role``'s fields say what each means; docs/reference.md shows them as a table written from these declarations).
 A role may also be written as a mapping of these fields, or as its name alone. The critic call is the same
 for every role (one judge). Each agent's backend is the env's ``backend=[...]`` list, so a team of two models
 is a list of two backends. An agent's role changes its requests, so a replay set records the roles (its card's
@@ -39,9 +28,17 @@ class Role:
     """One agent's make-up (see the module docstring)."""
 
     name: str
+    """The role's name: agents with the same name share a role (and so a ``features="v3"`` column); at most
+    ``MAX_ROLES`` distinct roles."""
     prompt: str | None = None
+    """A prompt style of the task for the agent's solve and refine requests (``task.prompt_styles``; arithmetic:
+    ``default``, ``no_code``, ``program``; jigsaw: ``full``, ``view_0``, ``view_1``, ...: which person's count the agent
+    sees); None: the task's own prompts."""
     temperature: float | None = None
+    """The agent's solve and refine temperature, in [0, 5]; None: the env's ``temperature``."""
     tool: str | None = None
+    """A registered tool's name (``core.tools``; the tools' table): ``python`` makes a program-aided agent,
+    ``python_check`` an externally checked one; None: no tool."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -1,13 +1,8 @@
 """Tools an agent's role may use (``Role.tool``): each one registered object that says what the core asks of it,
-how it runs and how the core reads what it returns.
-
-| tool         | after each of the agent's solutions and refinements                                          |
-|--------------|-----------------------------------------------------------------------------------------------|
-| python       | the solution's last Python code block is run (a ``run`` request, answered in the sandbox,      |
-|              | ``deliberation_env.sandbox``); what the program prints, read by the task's answer extractor,  |
-|              | becomes the agent's answer, else its text's answer stands                                    |
-| python_check | the same run, but the text's answer always stands: the program only checks it (an external   |
-|              | verifier; ``tool_agrees`` says whether the program printed the text's answer)                |
+how it runs and how the core reads what it returns. The built-in ones are ``python`` (a program-aided agent: its
+solution's last code block runs in the sandbox, and what it prints becomes its answer) and ``python_check`` (the same
+run as an external check of the text's answer); ``tool_table()`` writes the table of the registered tools from their
+declarations (docs/reference.md shows the built-in ones).
 
 A tool is a ``Tool`` registered with ``register_tool``:
 
@@ -49,6 +44,8 @@ class Tool:
     answers: bool = False
     kind_id: int | None = None
     """The kind's number in request seeds; None: a stable hash of the kind's name."""
+    summary: str = ""
+    """What it does after each of the agent's solutions and refinements, in a sentence (``tool_table``)."""
 
     def request(self, text: str) -> tuple[Message, ...] | None:
         """The messages of the run that a solution's ``text`` asks for, or None: nothing to run."""
@@ -99,6 +96,20 @@ def request_kinds() -> tuple[str, ...]:
     return (*AGENT_KINDS, *_RUNNERS)
 
 
+def tool_table(names: Sequence[str] | None = None) -> str:
+    """The markdown table of tools (name, request kind, what becomes of the text's answer, what it does), written from
+    their declarations: docs/reference.md shows it (``names``: these tools; default: every registered one)."""
+    rows = [("tool", "kind", "the text's answer", "after each of the agent's solutions and refinements")]
+    for name in TOOLS if names is None else names:
+        tool = TOOLS[name]
+        rows.append((f"``{name}``", f"``{tool.kind}``",
+                     "replaced by the output's, where it holds one" if tool.answers else "checked (``tool_agrees``)",
+                     tool.summary))
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    return "\n".join(lines)
+
+
 def program_of(text: str) -> str | None:
     """The last fenced code block of a text (```python, ```py or a bare fence), or None."""
     blocks = [block for block in _BLOCK.findall(text) if block.strip()]
@@ -112,8 +123,9 @@ class PythonTool(Tool):
     kind = "run"
     kind_id = 4
 
-    def __init__(self, name: str, answers: bool, timeout: float = 5.0, memory_mb: int = 512, workers: int = 2):
-        self.name, self.answers = name, answers
+    def __init__(self, name: str, answers: bool, timeout: float = 5.0, memory_mb: int = 512, workers: int = 2,
+                 summary: str = ""):
+        self.name, self.answers, self.summary = name, answers, summary
         self.timeout, self.memory_mb, self.workers = timeout, memory_mb, workers
 
     def request(self, text: str) -> tuple[Message, ...] | None:
@@ -129,5 +141,11 @@ class PythonTool(Tool):
                            finish_reason="stop" if result.passed else "error") for result in results]
 
 
-register_tool(PythonTool("python", answers=True))
-register_tool(PythonTool("python_check", answers=False))
+BUILT_IN_TOOLS = ("python", "python_check")
+"""The tools shipped here (docs/reference.md's table)."""
+register_tool(PythonTool("python", answers=True, summary=(
+    "the solution's last Python code block runs in the sandbox (``deliberation_env.sandbox``; no isolation, no run); "
+    "what it prints, read by the task's answer extractor, becomes the agent's answer: a program-aided agent")))
+register_tool(PythonTool("python_check", answers=False, summary=(
+    "the same run as ``python``'s (the two share it), as an external verifier: the text's answer stands, and "
+    "``tool_agrees`` says whether the program printed it")))
