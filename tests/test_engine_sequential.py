@@ -89,3 +89,9 @@ def test_a_set_plays_more_rounds_only_without_refine_beyond_its_recording():
         assert observations[agent]["action_mask"][infos[agent]["oracle_action"]] == 1
     with pytest.raises(ValueError, match="masked"):
         env.step({a: 1 for a in env.agents})
+
+
+def test_the_code_fingerprint_reads_code_not_its_documentation():
+    code = 'def f(x):\n    """What f does."""\n    return x + 1  # the why\n'
+    assert tree_module.code_of(code) == tree_module.code_of('def f(x):\n    """Another text."""\n\n    return x + 1\n')
+    assert tree_module.code_of(code) != tree_module.code_of('def f(x):\n    """What f does."""\n    return x + 2\n')

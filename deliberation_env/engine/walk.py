@@ -66,6 +66,8 @@ class Walk:
     components: list[np.ndarray] = field(default_factory=list)
     ended: dict[bytes, int] = field(default_factory=dict)
     """Ended nodes by their stored arrays: an equal one reached again is the same node."""
+    classes: dict[int, np.ndarray] = field(default_factory=dict)
+    """Per expanded node, ``canonical``'s class of each joint action (kept while its children are played)."""
     played: int = 0
     """How many episodes the walk played (the compiler's cost)."""
 
@@ -79,6 +81,7 @@ def walk(env: Any, problems: Sequence[Problem], streams: int) -> tuple[Walk, np.
     level = [Play(p, s, None, ()) for p in range(len(problems)) for s in range(streams)]
     while level:
         reached = _play_level(env, problems, found, level, roots)
+        found.classes.clear()  # this level's parents are filled in
         level = [Play(play.problem, play.stream, node, play.history + (joint,))
                  for play, node in reached for joint in _expansions(found, node)]
     return found, roots
@@ -153,7 +156,7 @@ def _record(found: Walk, step: Step, play: Play) -> int:
 def _fill_edge(found: Walk, parent: int, joint: int, node: int, step: Step) -> None:
     """The outcome of ``joint`` at ``parent`` goes to every joint action of its class (``canonical``)."""
     edge = found.expand[parent]
-    same = canonical(found.nodes[parent]["mask"], found.targets[parent], found.joints) == joint
+    same = found.classes[parent] == joint
     found.child[edge][same] = node
     found.done[edge][same] = step.done
     found.rewards[edge][same] = [float(step.rewards[a]) for a in found.agents]
@@ -162,7 +165,8 @@ def _fill_edge(found: Walk, parent: int, joint: int, node: int, step: Step) -> N
 
 def _expansions(found: Walk, node: int) -> list[int]:
     """The distinct moves (one joint action index per class) out of ``node``."""
-    return sorted(set(canonical(found.nodes[node]["mask"], found.targets[node], found.joints).tolist()))
+    found.classes[node] = canonical(found.nodes[node]["mask"], found.targets[node], found.joints)
+    return sorted(set(found.classes[node].tolist()))
 
 
 def canonical(mask: np.ndarray, targets: Sequence[int | None], joints: np.ndarray) -> np.ndarray:
