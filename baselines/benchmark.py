@@ -59,7 +59,7 @@ from deliberation_env.engine import compile_tree, expected_scores, greedy_probab
 from deliberation_env.formats import ObservationFormat
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
-from deliberation_env.replay import ReplaySet, load_card, shipped
+from deliberation_env.replay import load_card, loaded, shipped
 from deliberation_env.replay.dataset import split_problem_ids
 
 SEQUENTIAL = {"max_rounds": 2, "refine_rounds": 1}
@@ -114,12 +114,6 @@ class Cell:
 @functools.lru_cache(maxsize=16)
 def _tree(cell: Cell, split: str) -> Any:
     return compile_tree(loaded(cell.dataset), split, **cell.options)
-
-
-@functools.lru_cache(maxsize=4)
-def loaded(dataset: str) -> ReplaySet:
-    """A replay set read once per process (reading one takes seconds)."""
-    return ReplaySet(dataset)
 
 
 def parse_cell(spec: str | Cell) -> Cell:

@@ -69,9 +69,9 @@ class BaseConfig(TrainConfig, BackendSettings):
 def build_backend(cfg: BaseConfig) -> Any:
     """The backend object every env of a run shares: the replay set's, or the one the backend flags describe."""
     if cfg.replay:
-        from deliberation_env.replay import ReplayBackend
+        from deliberation_env.replay import ReplayBackend, loaded
 
-        return ReplayBackend(cfg.replay)
+        return ReplayBackend(loaded(cfg.replay))  # one read of the set per process
     return backend_settings(cfg).build()
 
 

@@ -280,9 +280,9 @@ def compile_tree(dataset: Any, split: str, *, problems: Sequence[int] | None = N
     ``verify_episodes`` episodes drawn afresh replayed through the env; a stale one is compiled again), else compiled
     and cached. ``problems``: indices into the split's problems to compile only those (for checks: the tree's
     episodes then draw among them, not among the split's)."""
-    from deliberation_env.replay.dataset import ReplaySet
+    from deliberation_env.replay.dataset import ReplaySet, loaded
 
-    replay = dataset if isinstance(dataset, ReplaySet) else ReplaySet(dataset)
+    replay = dataset if isinstance(dataset, ReplaySet) else loaded(str(dataset))
     subset = None if problems is None else sorted({int(p) for p in problems})
     env = reference_env(replay, split, options)
     key = tree_key(replay, split, env.config, subset)

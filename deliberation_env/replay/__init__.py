@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from deliberation_env.replay.backend import ReplayBackend, ReplayMiss
 from deliberation_env.replay.card import PINNED, set_digest
-from deliberation_env.replay.dataset import ReplayError, ReplaySet, departures, env_settings, load_card, shipped
+from deliberation_env.replay.dataset import (
+    ReplayError,
+    ReplaySet,
+    departures,
+    env_settings,
+    load_card,
+    loaded,
+    shipped,
+)
 
-__all__ = ["PINNED", "ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "departures", "env_settings",
+__all__ = ["PINNED", "ReplayBackend", "ReplayError", "ReplayMiss", "ReplaySet", "departures", "env_settings", "loaded",
            "load_card", "set_digest", "shipped"]

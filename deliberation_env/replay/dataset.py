@@ -313,6 +313,14 @@ class ReplaySet:
                                   "with them); if the task's problems changed, record the set again")
 
 
+@functools.lru_cache(maxsize=4)
+def loaded(dataset: str) -> ReplaySet:
+    """A replay set read once per process, by the name, folder or ``hf://`` id it is given (reading one takes
+    seconds): the trainers, the compiler and the benchmark share it. A set changed on disk is read again by a new
+    process, not by this one."""
+    return ReplaySet(dataset)
+
+
 def task_mismatch(card: ReplayCard, where: str, task: object) -> str:
     """The error of an env that asks a replay set for another task than the recorded one."""
     return (f"{where} records task {card.task!r} with task_kwargs {card.task_kwargs}, not {task!r}: drop task= and "
