@@ -65,9 +65,9 @@ TREE_FORMAT = 2
 their child and equal ended states are one node (a DAG); the arrays' digest is saved with them."""
 GAME_ONLY = {"observation": "dict", "action_mask": "observation", "infos": "full", "invalid_action": "persist"}
 """The reference env's format while compiling (the game does not depend on it; ``TreeEnv`` formats its own)."""
-_SOURCE_ROOTS = ("make.py", "engine/tree.py", "engine/walk.py", "core", "tasks", "replay", "backends")
-"""Where ``source_files`` starts: the reference env's factory, the compiler, and the folders of what the env finds by
-name (tasks and backends from their registries)."""
+_SOURCE_ROOTS = ("make.py", "engine/tree.py", "engine/walk.py", "core", "tasks", "replay")
+"""Where ``source_files`` starts: the reference env's factory, the compiler, the core, the tasks (the env finds them
+by name) and the replay backend (the only backend a compiled game runs)."""
 
 
 class StaleTree(ValueError):
