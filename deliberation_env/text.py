@@ -51,14 +51,15 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from deliberation_env import text_rewards
-from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens, sanitize_completion
-from deliberation_env.backends.grouping import answer_pending
+from deliberation_env.backends.base import Backend, estimate_tokens
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
 from deliberation_env.core.tools import is_tool_kind
 from deliberation_env.formats import FEATURE_KEYS, feature_arrays, feature_spaces, peer_matrix
+from deliberation_env.grouping import answer_pending
 from deliberation_env.make import parallel_env
 from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.requests import Completion, Request, sanitize_completion
 from deliberation_env.settings import settings_from
 from deliberation_env.tasks.base import Task
 

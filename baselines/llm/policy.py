@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from deliberation_env.backends.base import Completion, Request
 from deliberation_env.backends.decode import positions_from_mask
+from deliberation_env.requests import Completion, Request
 
 WEIGHTS = ("shared", "lora", "separate")
 LOSS_NORMS = ("token", "sequence", "drgrpo")

@@ -48,7 +48,7 @@ from typing import Any, cast
 
 import httpx
 
-from deliberation_env.backends.base import Completion, Request, estimate_tokens
+from deliberation_env.backends.base import estimate_tokens
 from deliberation_env.backends.openai_reply import (
     content_text,
     every_token_logprobs,
@@ -56,6 +56,7 @@ from deliberation_env.backends.openai_reply import (
     token_count,
     vllm_token_ids,
 )
+from deliberation_env.requests import Completion, Request
 from deliberation_env.settings import settings_attributes, settings_from
 
 _LOGPROBS_REFUSED = re.compile(r"logprob|logits_all", re.IGNORECASE)

@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 
-from deliberation_env.backends.base import Completion, Request
 from deliberation_env.backends.decode import (
     SeededSampler,
     cache_keyword,
@@ -53,6 +52,7 @@ from deliberation_env.backends.decode import (
     positions_from_mask,
 )
 from deliberation_env.backends.shared_prefix import PrefixPlan, plan_shared_prefixes
+from deliberation_env.requests import Completion, Request
 from deliberation_env.settings import settings_attributes, settings_from
 
 log = logging.getLogger(__name__)
