@@ -59,14 +59,15 @@ import numpy as np
 from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
-from deliberation_env.backends.base import Backend, Completion, Request
-from deliberation_env.backends.grouping import answer_pending
+from deliberation_env.backends.base import Backend
 from deliberation_env.core import features
 from deliberation_env.core.actions import action_name
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig, RoundOutcome
 from deliberation_env.formats import FEATURE_KEYS, ObservationFormat, feature_arrays, peer_matrix
+from deliberation_env.grouping import answer_pending
 from deliberation_env.options import CONFIG_KEYWORDS, FLAT_KEYWORDS, WRAPPER_KEYWORDS, env_parts
 from deliberation_env.replay.backend import bind_replay
+from deliberation_env.requests import Completion, Request
 from deliberation_env.tasks.base import Problem, Task
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import string
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import gymnasium
@@ -50,14 +51,16 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from deliberation_env import text_rewards
-from deliberation_env.backends.base import Backend, Completion, Request, estimate_tokens, sanitize_completion
-from deliberation_env.backends.grouping import answer_pending
+from deliberation_env.backends.base import Backend, estimate_tokens
 from deliberation_env.core import features
 from deliberation_env.core.confidence import parse_confidence
 from deliberation_env.core.tools import is_tool_kind
 from deliberation_env.formats import FEATURE_KEYS, feature_arrays, feature_spaces, peer_matrix
+from deliberation_env.grouping import answer_pending
 from deliberation_env.make import parallel_env
 from deliberation_env.protocols import PROTOCOLS, make_protocol
+from deliberation_env.requests import Completion, Request, sanitize_completion
+from deliberation_env.settings import settings_from
 from deliberation_env.tasks.base import Task
 
 KINDS = ("wait", "solve", "refine", "critic")
@@ -97,46 +100,65 @@ class _TextActions:
         return "text-actions"
 
 
+@dataclass
+class TextEnvSettings:
+    """The text env's own settings, besides ``parallel_env``'s: every field is a keyword of ``text_env``."""
+
+    meta_policy: str | MetaPolicy | Any = "debate"
+    """The meta-actions: a fixed protocol's name (``deliberation_env.protocols``), a callable (observations, infos) ->
+    {agent: action}, or an object with ``act(observations, infos)``."""
+    critic: str | Backend = "agent"
+    """Who answers the critic (confidence) calls: ``"agent"``, the agents themselves as turns of their own, or a
+    backend (a registered name or a ``Backend``) that answers them unseen by the agents."""
+    reward_weights: Mapping[str, float] | None = None
+    """Weights of the round terms and of the turn terms (``deliberation_env.text_rewards``); None: the defaults."""
+    max_action_chars: int | None = None
+    """The longest completion an action may be (None: 8 x the config's ``max_tokens``)."""
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+    """The longest message an observation may hold."""
+    count_tokens: Callable[[str], int] = estimate_tokens
+    """Counts a str action's tokens, e.g. ``lambda s: len(tokenizer.encode(s))`` (a ``Completion`` brings its own)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_action_chars", "max_prompt_chars"):
+            value = getattr(self, name)
+            if (value is not None or name == "max_prompt_chars") and (
+                    isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not callable(self.count_tokens):
+            raise TypeError("count_tokens must be a callable str -> int (e.g. len(tokenizer.encode(s))), got "
+                            f"{self.count_tokens!r}")
+
+
+TEXT_SETTINGS = tuple(f.name for f in fields(TextEnvSettings))
+"""The keywords of ``text_env`` that are the text env's own settings (``TextEnvSettings``)."""
+
+
 class TextDeliberationEnv(ParallelEnv):
-    """The text-action env (see the module docstring)."""
+    """The text-action env (see the module docstring): ``parallel_env``'s parameters and options, and ``settings=`` (a
+    ``TextEnvSettings``) or its fields as keywords (``meta_policy=``, ``critic=``, ...)."""
 
     metadata = {"name": "deliberation_text_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
 
-    def __init__(
-        self,
-        task: str | Task | None = None,
-        num_agents: int | None = None,
-        max_rounds: int | None = None,
-        data_dir: str | None = None,
-        split: str = "train",
-        render_mode: str | None = None,
-        *,
-        meta_policy: str | MetaPolicy | Any = "debate",
-        critic: str | Backend = "agent",
-        reward_weights: Mapping[str, float] | None = None,
-        max_action_chars: int | None = None,
-        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
-        count_tokens: Callable[[str], int] = estimate_tokens,
-        **options: Any,
-    ):
+    def __init__(self, task: str | Task | None = None, num_agents: int | None = None, max_rounds: int | None = None,
+                 data_dir: str | None = None, split: str = "train", render_mode: str | None = None, *,
+                 settings: TextEnvSettings | None = None, **options: Any):
         if "backend" in options:
             raise TypeError("the text env takes no backend: the agents' actions are the completions; "
                             "pass critic=BACKEND to have a backend answer the confidence (critic) calls")
-        round_weights, self.turn_weights = text_rewards.split_weights(reward_weights)
+        own = {name: options.pop(name) for name in TEXT_SETTINGS if name in options}
+        self.settings = settings = settings_from(TextEnvSettings, settings, own, "TextDeliberationEnv")
+        round_weights, self.turn_weights = text_rewards.split_weights(settings.reward_weights)
+        critic = settings.critic
         backend = _TextActions() if isinstance(critic, str) and critic == "agent" else critic
         # the meta-action env (in a TraceWrapper with trace=): the text env drives its phases
         self.meta = parallel_env(task, backend, num_agents, max_rounds, data_dir, split, render_mode,
                                  reward_weights=round_weights, **options)
         self.critic_by_backend = not isinstance(backend, _TextActions)
-        self.meta_policy = _resolve_meta_policy(meta_policy)
+        self.meta_policy = _resolve_meta_policy(settings.meta_policy)
         config = self.meta.config
-        self.max_action_chars = 8 * config.max_tokens if max_action_chars is None else max_action_chars
-        for name, value in (("max_action_chars", self.max_action_chars), ("max_prompt_chars", max_prompt_chars)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not callable(count_tokens):
-            raise TypeError(f"count_tokens must be a callable str -> int (e.g. len(tokenizer.encode(s))), got {count_tokens!r}")
-        self.max_prompt_chars, self.count_tokens = int(max_prompt_chars), count_tokens
+        self.max_action_chars = settings.max_action_chars or 8 * config.max_tokens
+        self.max_prompt_chars, self.count_tokens = int(settings.max_prompt_chars), settings.count_tokens
         self.task, self.config, self.render_mode = self.meta.task, config, render_mode
         self.possible_agents = list(self.meta.possible_agents)
         self.agents: list[str] = []

@@ -1,7 +1,7 @@
 """The one episode runner: many envs played together, one backend call per phase.
 
 ``BatchedEnvs(envs, backend=None)`` begins a reset/step on every env, answers the ``pending_requests()`` of
-all envs together (``backends.grouping.answer_pending``: one ``generate`` call per distinct backend per
+all envs together (``grouping.answer_pending``: one ``generate`` call per distinct backend per
 phase; ``backend`` if given, else each env's own per-agent backends), and ends the reset/step on every env.
 Envs whose class does not declare ``phased = True`` (other PettingZoo envs, wrapped envs; ``DeliberationEnv`` and
 the trace wrapper do) are reset and stepped one by one.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deliberation_env.backends.base import Backend
-from deliberation_env.backends.grouping import answer_pending
+from deliberation_env.grouping import answer_pending
 from deliberation_env.tasks.base import Problem
 
 

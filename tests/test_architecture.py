@@ -276,7 +276,7 @@ def test_one_product_does_not_depend_on_the_other(graph, importer, banned):
     assert not offenders, f"{importer} must not depend on {banned}: " + ", ".join(offenders)
 
 
-GROUPER_MODULE = "deliberation_env/backends/grouping.py"
+GROUPER_MODULE = "deliberation_env/grouping.py"
 """The request grouper, and ``answer_pending``: the one loop that answers envs' pending requests."""
 RUNNER_MODULES = frozenset({"deliberation_env/vector.py", "deliberation_env/env.py", "deliberation_env/text.py",
                             "deliberation_env/analysis/traces.py"})
@@ -384,11 +384,38 @@ def test_every_documented_entry_point_is_a_module_of_the_tree():
 
 
 def test_the_backend_protocol_knows_nothing_of_the_simulator_or_the_tasks(graph):
-    """Requests carry no simulator state: ``backends.base`` reaches neither ``backends.sim*`` nor ``tasks``, not
-    even through the modules it imports (the sim asks the deliberation for its context: ``backends.sim_context``)."""
+    """Requests carry no simulator state: ``backends.base`` (and the requests it re-exports) reaches neither
+    ``backends.sim*``, the simulator's context nor ``tasks``, not even through the modules it imports (the sim asks the
+    deliberation for its context: ``core.sim_context``)."""
     offenders = sorted(module for module in reachable(graph, {"deliberation_env.backends.base"})
-                       if module.startswith(("deliberation_env.backends.sim", "deliberation_env.tasks")))
+                       if module.startswith(("deliberation_env.backends.sim", "deliberation_env.core",
+                                             "deliberation_env.tasks")))
     assert not offenders, f"deliberation_env.backends.base reaches {offenders}"
+
+
+def test_the_seam_is_on_its_own_floor(graph):
+    """``deliberation_env.requests`` imports nothing of ours but chat messages; the core reaches no backend (it makes
+    requests and reads completions through ``requests``; the sim's context is a hook the core owns); the grouper is
+    above both; and ``backends.base`` still gives users the moved names."""
+    assert graph["deliberation_env.requests"] <= {"deliberation_env.chat"}
+    core = [module for module in graph if module.startswith("deliberation_env.core")]
+    offenders = sorted(target for target in reachable(graph, set(core)) if target.startswith("deliberation_env.backends"))
+    assert not offenders, f"the core reaches the backends: {offenders}"
+    assert {"deliberation_env.core.tools", "deliberation_env.backends.base"} <= graph["deliberation_env.grouping"]
+    import deliberation_env.backends.base as base
+    import deliberation_env.requests as requests
+
+    for name in ("Request", "Completion", "RequestKind", "sanitize_completion", "MAX_TOKEN_COUNT"):
+        assert getattr(base, name) is getattr(requests, name) and name in base.__all__
+
+
+@pytest.mark.parametrize("old, new", [("deliberation_env.backends.grouping", "deliberation_env.grouping"),
+                                      ("deliberation_env.backends.sim_context", "deliberation_env.core.sim_context")])
+def test_a_moved_module_is_an_error_naming_its_new_place(old, new):
+    import importlib
+
+    with pytest.raises(ImportError, match=f"{old} moved to {new}"):
+        importlib.import_module(old)
 
 
 GENERATE_EXCEPTIONS = {
@@ -412,7 +439,7 @@ def generate_calls(tree: ast.Module) -> Iterator[tuple[str | None, int]]:
 
 
 def test_requests_reach_backends_through_the_grouper():
-    """Outside the grouper (``backends/grouping.py``), a backend's ``generate`` is called only by another backend's
+    """Outside the grouper (``grouping.py``), a backend's ``generate`` is called only by another backend's
     ``generate`` (a wrapper: the cache, the tools, replay's fallback, the LLM trainer's samplers) and by the named
     exceptions: the recorder, the runner and the env forms send their batches through the grouper."""
     offenders = []
@@ -422,7 +449,7 @@ def test_requests_reach_backends_through_the_grouper():
             for function, line in generate_calls(parse(path)):
                 if name != GROUPER_MODULE and function != "generate" and (name, function) not in GENERATE_EXCEPTIONS:
                     offenders.append(f"{name}:{line} (in {function})")
-    assert not offenders, f"send requests through backends.grouping (generate_grouped): {offenders}"
+    assert not offenders, f"send requests through deliberation_env.grouping (generate_grouped): {offenders}"
     assert list(generate_calls(parse(ROOT / GROUPER_MODULE))), "the grouper itself sends the requests"
 
 

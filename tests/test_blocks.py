@@ -15,12 +15,12 @@ import pytest
 
 import deliberation_env
 from deliberation_env.backends.base import Completion, Request
-from deliberation_env.backends.grouping import generate_by_backend
 from deliberation_env.chat import Message
 from deliberation_env.core import features
 from deliberation_env.core.features import FeatureSet, register_feature_set
 from deliberation_env.core.seeds import KIND_IDS
 from deliberation_env.core.tools import Tool, register_tool, request_kinds
+from deliberation_env.grouping import generate_by_backend
 from deliberation_env.make import replay_env
 from deliberation_env.record import main as record
 from deliberation_env.replay import ReplaySet

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from baselines.llm.policy import adapter_name
-from deliberation_env.backends.base import Completion, Request
 from deliberation_env.cli import UserError
+from deliberation_env.requests import Completion, Request
 
 if TYPE_CHECKING:  # httpx (the openai extra) is imported where the servers are used, not by the loss's tis_advantages
     import httpx

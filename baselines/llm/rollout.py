@@ -38,7 +38,7 @@ import numpy as np
 
 from baselines.advantages import baseline_advantages, grouped_apply, grouped_flat, softrank_advantages
 from baselines.llm.config import LLMTrainConfig
-from deliberation_env.backends.base import Completion, Request
+from deliberation_env.requests import Completion, Request
 
 log = logging.getLogger(__name__)
 _noted: set[str] = set()
@@ -182,7 +182,7 @@ def collect(envs: Sequence[Any], team: Any, seeds: Sequence[int] | np.ndarray, u
     Otherwise they are the samplers' ``token_id_logprobs`` (``use_sampler_logprobs``), unless truncated importance
     weights (``cfg.tis_cap`` > 0) correct for the sampler instead, which needs the trainer's own old log-probabilities;
     the samplers' stay in ``Sample.sampler_log_p`` either way."""
-    from deliberation_env.backends.grouping import generate_grouped
+    from deliberation_env.grouping import generate_grouped
 
     is_policy = samplers is None if sampler_is_policy is None else sampler_is_policy
     samplers = samplers if samplers is not None else team.samplers

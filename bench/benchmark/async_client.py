@@ -32,9 +32,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 
 import deliberation_env
 from bench.common.results import RESULTS, Counting, save_markdown
-from deliberation_env.backends.base import Message, Request
+from deliberation_env.backends.base import Message
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments
+from deliberation_env.requests import Request
 from deliberation_env.testing.servers import LoopbackServer
 from deliberation_env.vector import Start, run_episodes
 

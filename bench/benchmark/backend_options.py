@@ -26,11 +26,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 
 import deliberation_env
 from bench.common.results import Counting, save_markdown
-from deliberation_env.backends.base import Request
 from deliberation_env.backends.models import smollm2_gguf_path
 from deliberation_env.backends.transformers import DTYPES, TransformersBackend
 from deliberation_env.cli import ArgumentParser, add_env_arguments
 from deliberation_env.registry import TASKS
+from deliberation_env.requests import Request
 from deliberation_env.vector import run_batched
 
 

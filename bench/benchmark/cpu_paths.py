@@ -24,8 +24,9 @@ from pathlib import Path
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path: the repository root, for `bench`
 
 from bench.common.results import Counting, flag_settings, save_markdown
-from deliberation_env.backends.base import Backend, Request
+from deliberation_env.backends.base import Backend
 from deliberation_env.cli import SAMPLING_FLAGS, ArgumentParser, add_env_arguments
+from deliberation_env.requests import Request
 from deliberation_env.tasks.arithmetic import ArithmeticTask
 from deliberation_env.testing.llama_server import llama_server
 

@@ -29,10 +29,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 import deliberation_env
 from bench.common.results import RESULTS, Counting, command_line, flag_settings, save_markdown
 from deliberation_env.analysis.metrics import auroc
-from deliberation_env.backends.base import Request
 from deliberation_env.backends.cache import CachedBackend
 from deliberation_env.backends.openai import OpenAICompatibleBackend
 from deliberation_env.cli import OLD_TEAM_FLAGS, ArgumentParser, add_env_arguments, env_arguments
+from deliberation_env.requests import Request
 from deliberation_env.testing.llama_server import llama_server
 from deliberation_env.vector import BatchedEnvs
 

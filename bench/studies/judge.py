@@ -56,12 +56,12 @@ from baselines.benchmark import Scores, loaded
 from baselines.evaluation.evaluate import play_episodes
 from bench.common.results import RESULTS, command_line
 from deliberation_env.analysis.metrics import bootstrap_interval, paired_bootstrap
-from deliberation_env.backends.base import Request
 from deliberation_env.chat import Message
 from deliberation_env.cli import ArgumentParser, UserError, add_backend_arguments, backend_settings
 from deliberation_env.make import replay_env
 from deliberation_env.protocols import make_protocol
 from deliberation_env.replay import ReplayError, shipped
+from deliberation_env.requests import Request
 
 SETS = ("qwen05-arith-v2", "qwen05-team-arith")
 SPLITS = ("validation", "test")

@@ -31,8 +31,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 
 import deliberation_env
 from bench.common.results import RESULTS, flag_settings, save_markdown, wilson_interval
-from deliberation_env.backends.base import Backend, Request
+from deliberation_env.backends.base import Backend
 from deliberation_env.cli import SAMPLING_FLAGS, ArgumentParser, add_env_arguments
+from deliberation_env.requests import Request
 from deliberation_env.testing.llama_server import llama_server
 
 BAND = (0.2, 0.8)

@@ -138,7 +138,7 @@ def main(argv=None) -> None:
     for name, size, one_by_one in (LLAMA_WAYS if args.engine == "llama.cpp" else TRANSFORMERS_WAYS):
         if name in FRESH and args.engine == "transformers":
             backend = transformers_backend(args.model, dataset, size)
-            model = f"{os.path.basename(args.model)} (transformers, {backend.dtype_name})"
+            model = f"{os.path.basename(args.model)} (transformers, {backend.settings.dtype})"
         elif name in FRESH:
             if server is not None:
                 server.__exit__()

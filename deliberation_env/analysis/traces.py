@@ -30,9 +30,9 @@ from typing import Any
 
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
-from deliberation_env.backends.grouping import answer_pending
 from deliberation_env.core.deliberation import Action
 from deliberation_env.core.tools import request_kinds
+from deliberation_env.grouping import answer_pending
 from deliberation_env.replay.backend import replay_backend
 
 TRACE_VERSION = 1

@@ -8,10 +8,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.backends.base import Backend
 from deliberation_env.backends.sim import SimBackend, SimConfig
-from deliberation_env.backends.sim_context import SimContext
 from deliberation_env.chat import Message
+from deliberation_env.core.sim_context import SimContext
+from deliberation_env.requests import Completion, Request
 
 _LAZY = {
     "TransformersBackend": "deliberation_env.backends.transformers",

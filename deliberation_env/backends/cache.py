@@ -28,7 +28,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from deliberation_env.backends.base import Backend, Completion, Request, completed_before
+from deliberation_env.backends.base import Backend, completed_before
+from deliberation_env.requests import Completion, Request
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from deliberation_env.backends.base import Request
+from deliberation_env.requests import Request
 
 REFILL_FRACTION = 0.25
 """Let waiting requests in once this share of the batch is free: each admission is one more forward pass (the new

@@ -43,11 +43,12 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
 
-from deliberation_env.backends.base import Completion, Request, estimate_tokens
+from deliberation_env.backends.base import estimate_tokens
 from deliberation_env.backends.openai_reply import (
     content_text,
     every_token_logprobs,
@@ -55,6 +56,8 @@ from deliberation_env.backends.openai_reply import (
     token_count,
     vllm_token_ids,
 )
+from deliberation_env.requests import Completion, Request
+from deliberation_env.settings import settings_attributes, settings_from
 
 _LOGPROBS_REFUSED = re.compile(r"logprob|logits_all", re.IGNORECASE)
 _LANE = 8  # connections per httpx pool: httpcore scans every connection of a pool for every queued request
@@ -78,56 +81,92 @@ class _DeadlinePassed(Exception):
     pass
 
 
+@dataclass
+class OpenAISettings:
+    """How an ``OpenAICompatibleBackend`` talks to its servers: every field is a keyword of its constructor."""
+
+    api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable the API key is read from (never shown in reprs, errors, identities or caches)."""
+    timeout: float = 120.0
+    """Seconds any one network wait (connect, read, write) may take; a server that drips its reply a byte at a time
+    never trips it."""
+    max_retries: int = 4
+    """Retries of a failed attempt (connection errors, timeouts, 429, 5xx, malformed replies), with backoff."""
+    concurrency: int = 16
+    """Requests in flight at once, in total."""
+    backoff: float = 0.5
+    """Seconds before the first retry, doubled at each one (at least the server's Retry-After)."""
+    cooldown: float = 30.0
+    """Seconds a failing replica is set aside."""
+    top_logprobs: int = 20
+    """First-token log-probabilities a critic request asks for."""
+    deadline: float | None = None
+    """Seconds one request may take from its first attempt on, attempts and backoff waits included (time queued for a
+    free slot before that does not count); past it the request fails at once with a ``BackendError`` naming the URL
+    and the limit. None: ``DEADLINE_FACTOR`` x ``timeout`` (5 x 120 = 600 s with the defaults), filled in here."""
+    logprobs: bool = True
+    """False: never ask the server for log-probabilities (servers that cannot give them; critic confidence then comes
+    from the critic's text)."""
+    per_replica: int | None = None
+    """Requests in flight on one replica at once. None: ``concurrency``, filled in here."""
+    routing: str = "sticky"
+    """``sticky``: one replica per episode (its prefix cache serves the later rounds); ``least_busy``."""
+    agent_models: Sequence[str] | None = None
+    """Agent i's requests name ``agent_models[i]`` (e.g. its LoRA adapter on vLLM); None: ``model`` for all."""
+    token_ids: bool = False
+    """Requests for every token's log-probability also ask vLLM for the token ids (``Completion.token_ids``)."""
+    deadline_is_default: bool = field(init=False, default=False)
+    """Whether ``deadline`` was left to its default (error messages say how to change it)."""
+
+    def __post_init__(self) -> None:
+        for name, value in (("timeout", self.timeout), ("deadline", self.deadline)):
+            if name == "deadline" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}"
+                                 + (f" (or None: {DEADLINE_FACTOR} x timeout)" if name == "deadline" else ""))
+        for name, value in (("concurrency", self.concurrency), ("per_replica", self.per_replica)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int (requests in flight at once), got {value!r}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
+        models = self.agent_models
+        if models is not None and (isinstance(models, str) or not models
+                                   or not all(isinstance(m, str) and m for m in models)):
+            raise ValueError(f"agent_models must be a list of model names, one per agent, got {models!r}")
+        self.agent_models = list(models) if models is not None else None
+        self.deadline_is_default = self.deadline is None
+        self.deadline = float(DEADLINE_FACTOR * self.timeout if self.deadline is None else self.deadline)
+        self.per_replica = self.per_replica or self.concurrency
+
+    @property
+    def request_deadline(self) -> float:
+        """``deadline``, in seconds."""
+        return float(self.deadline if self.deadline is not None else DEADLINE_FACTOR * self.timeout)
+
+    @property
+    def replica_limit(self) -> int:
+        """``per_replica``: requests in flight on one replica at once."""
+        return self.per_replica or self.concurrency
+
+
+@settings_attributes(OpenAISettings)
 class OpenAICompatibleBackend:
-    """Chat completions over HTTP (see the module docstring).
+    """Chat completions over HTTP (see the module docstring): ``base_url`` (one or several replicas' URLs ending in
+    /v1), ``model`` (the served name), and ``settings=`` (an ``OpenAISettings``) or its fields as keywords
+    (``concurrency=32``, ``timeout=30``, ...); ``backend.timeout`` and the like read and write ``backend.settings``."""
 
-    ``concurrency``: requests in flight at once in total (default 16); ``per_replica``: at most this
-    many on one replica (default: no bound besides ``concurrency``). ``routing``: ``"sticky"``
-    (default; one replica per episode) or ``"least_busy"``. ``timeout`` (seconds, default 120): the most
-    any one network wait (connect, read, write) may take; a server that drips its reply a byte at a time
-    never trips it. ``deadline`` (seconds; default None, meaning ``DEADLINE_FACTOR`` x ``timeout``, i.e.
-    5 x 120 = 600 s with the defaults): the most one request may take from its first attempt on, attempts
-    and backoff waits included (time queued for a free slot before that does not count); past it the
-    request fails at once with a ``BackendError`` naming the URL and the limit. Pass ``deadline=`` to
-    allow longer (or shorter) requests whatever ``timeout`` is. ``logprobs=False`` never asks the
-    server for log-probabilities (for servers that cannot give them; critic confidence then comes
-    from the critic's text).
-    """
-
-    def __init__(self, base_url: str | Sequence[str], model: str, api_key_env: str = "OPENAI_API_KEY",
-                 timeout: float = 120.0, max_retries: int = 4, concurrency: int = 16, backoff: float = 0.5,
-                 cooldown: float = 30.0, top_logprobs: int = 20, deadline: float | None = None, logprobs: bool = True,
-                 per_replica: int | None = None, routing: str = "sticky", agent_models: Sequence[str] | None = None,
-                 token_ids: bool = False):
+    def __init__(self, base_url: str | Sequence[str], model: str, settings: OpenAISettings | None = None,
+                 **keywords: Any):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("base_url needs at least one URL")
         for url in urls:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ValueError(f"base_url {url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
-        for name, value in (("timeout", timeout), ("deadline", deadline)):
-            if name == "deadline" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}"
-                                 + (f" (or None: {DEADLINE_FACTOR} x timeout)" if name == "deadline" else ""))
-        for name, value in (("concurrency", concurrency), ("per_replica", per_replica)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int (requests in flight at once), got {value!r}")
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
-        if agent_models is not None and (isinstance(agent_models, str) or not agent_models
-                                         or not all(isinstance(m, str) and m for m in agent_models)):
-            raise ValueError(f"agent_models must be a list of model names, one per agent, got {agent_models!r}")
+        self.settings = settings_from(OpenAISettings, settings, keywords, "OpenAICompatibleBackend")
         self.base_urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
-        self.deadline_is_default = deadline is None
-        self.deadline = float(DEADLINE_FACTOR * timeout if deadline is None else deadline)
-        self.model, self.api_key_env, self.timeout = model, api_key_env, timeout
-        self.max_retries, self.concurrency, self.backoff = max_retries, concurrency, backoff
-        self.per_replica, self.routing = per_replica or concurrency, routing
-        self.cooldown, self.top_logprobs, self.logprobs = cooldown, top_logprobs, logprobs
-        self.agent_models = list(agent_models) if agent_models is not None else None
-        self.token_ids = token_ids
+        self.model = model
         self._busy = dict.fromkeys(self.base_urls, 0)
         self._down_until = dict.fromkeys(self.base_urls, 0.0)
         self._lock = threading.Lock()  # start() and close() from any thread
@@ -143,13 +182,13 @@ class OpenAICompatibleBackend:
         # logprobs=False changes what critic completions hold, so it is part of the identity (only then,
         # so that existing cache keys stay as they were).
         # agent_models and token_ids likewise only when set
-        return (f"openai-compatible:model={self.model},top_logprobs={self.top_logprobs}"
-                + ("" if self.logprobs else ",logprobs=off")
-                + (f",agent_models={'|'.join(self.agent_models)}" if self.agent_models else "")
-                + (",token_ids" if self.token_ids else ""))
+        return (f"openai-compatible:model={self.model},top_logprobs={self.settings.top_logprobs}"
+                + ("" if self.settings.logprobs else ",logprobs=off")
+                + (f",agent_models={'|'.join(self.settings.agent_models)}" if self.settings.agent_models else "")
+                + (",token_ids" if self.settings.token_ids else ""))
 
     def __repr__(self) -> str:
-        return f"OpenAICompatibleBackend(base_url={self.base_urls!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
+        return f"OpenAICompatibleBackend(base_url={self.base_urls!r}, model={self.model!r}, api_key_env={self.settings.api_key_env!r})"
 
     def close(self) -> None:
         """Closes the connections and stops the backend's event loop (a later call starts them again)."""
@@ -201,14 +240,14 @@ class OpenAICompatibleBackend:
     async def _open(self) -> None:
         """Clients and semaphores, made on the loop that uses them. Each replica's connections are spread over
         small pools ("lanes" of 8): one large httpx pool costs O(requests x connections) per event."""
-        key = os.environ.get(self.api_key_env, "")
+        key = os.environ.get(self.settings.api_key_env, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=_LANE, max_keepalive_connections=_LANE)
-        lanes = -(-min(self.per_replica, self.concurrency) // _LANE)
-        self._lanes = {url: [[httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits), 0]
+        lanes = -(-min(self.settings.replica_limit, self.settings.concurrency) // _LANE)
+        self._lanes = {url: [[httpx.AsyncClient(headers=headers, timeout=self.settings.timeout, limits=limits), 0]
                              for _ in range(lanes)] for url in self.base_urls}
-        self._total = asyncio.Semaphore(self.concurrency)
-        self._slots = {url: asyncio.Semaphore(self.per_replica) for url in self.base_urls}
+        self._total = asyncio.Semaphore(self.settings.concurrency)
+        self._slots = {url: asyncio.Semaphore(self.settings.replica_limit) for url in self.base_urls}
 
     async def _gather(self, requests: list[Request]) -> list[Completion]:
         results = await asyncio.gather(*(self._one(r) for r in requests), return_exceptions=True)
@@ -222,7 +261,7 @@ class OpenAICompatibleBackend:
     def _route(self, episode: int | None) -> str:
         """The replica for the next attempt (see the module docstring)."""
         now = time.monotonic()
-        if episode is None or self.routing == "least_busy" or len(self.base_urls) == 1:
+        if episode is None or self.settings.routing == "least_busy" or len(self.base_urls) == 1:
             candidates = sorted(self.base_urls, key=lambda u: self._busy[u])  # stable: ties go to the first listed
         else:
             candidates = sorted(self.base_urls, key=lambda u: _rank(episode, u))
@@ -234,12 +273,12 @@ class OpenAICompatibleBackend:
 
     def model_of(self, request: Request) -> str:
         """The model a request names: its agent's entry of ``agent_models``, else ``model``."""
-        if self.agent_models is None:
+        if self.settings.agent_models is None:
             return self.model
-        if not 0 <= request.agent < len(self.agent_models):
-            raise BackendError(f"request of agent {request.agent}, but agent_models names {len(self.agent_models)} "
-                               f"agents ({self.agent_models})")
-        return self.agent_models[request.agent]
+        if not 0 <= request.agent < len(self.settings.agent_models):
+            raise BackendError(f"request of agent {request.agent}, but agent_models names {len(self.settings.agent_models)} "
+                               f"agents ({self.settings.agent_models})")
+        return self.settings.agent_models[request.agent]
 
     def _body(self, request: Request) -> tuple[bytes, bool]:
         """The JSON body of a request, and whether it asks for log-probabilities."""
@@ -248,12 +287,12 @@ class OpenAICompatibleBackend:
             "max_tokens": request.max_tokens, "temperature": request.temperature, "top_p": request.top_p,
             "seed": int(request.seed) & 0x7FFFFFFF,
         }
-        if self.logprobs and (request.logprobs or request.token_logprobs):
+        if self.settings.logprobs and (request.logprobs or request.token_logprobs):
             body["logprobs"] = True
             # always name top_logprobs, and at least 1: llama-cpp-python returns no log-probabilities at all
             # without it, and llama.cpp's server none with 0
-            body["top_logprobs"] = self.top_logprobs if request.logprobs else 1
-            if self.token_ids and request.token_logprobs:
+            body["top_logprobs"] = self.settings.top_logprobs if request.logprobs else 1
+            if self.settings.token_ids and request.token_logprobs:
                 body["return_tokens_as_token_ids"] = True  # vLLM: tokens come back as "token_id:<id>"
         text = json.dumps(body, ensure_ascii=False)
         try:
@@ -269,7 +308,7 @@ class OpenAICompatibleBackend:
             headers["x-episode-id"] = str(request.episode)
         deadline: list[float] = []  # set when the first attempt gets its slots
         failure, url, previous = "", self.base_urls[0], None
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(self.settings.max_retries + 1):
             where, retry_after = [url], None
             try:
                 attempt_ = self._attempt(where, body, headers, request, asked_logprobs, deadline)
@@ -282,16 +321,16 @@ class OpenAICompatibleBackend:
                     self._set_aside(url, retry_after)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as error:
                 failure = f"connection failed ({type(error).__name__}: {error})"
-                self._set_aside(url, self.cooldown)
+                self._set_aside(url, self.settings.cooldown)
             except httpx.TimeoutException as error:
-                failure = f"timed out after {self.timeout:g} s ({type(error).__name__})"
-                self._set_aside(url, self.cooldown)  # too slow for now: its next requests go elsewhere
+                failure = f"timed out after {self.settings.timeout:g} s ({type(error).__name__})"
+                self._set_aside(url, self.settings.cooldown)  # too slow for now: its next requests go elsewhere
             except (_DeadlinePassed, asyncio.TimeoutError):
-                self._set_aside(url, self.cooldown)
+                self._set_aside(url, self.settings.cooldown)
                 raise BackendError(
                     f"{url}: no complete answer within deadline={self._deadline_text()} (attempt {attempt + 1}; the "
                     f"server had not finished its reply, e.g. it sends a byte now and then, which never trips "
-                    f"timeout={self.timeout:g} s). Check that replica's load and health, add replicas, or raise "
+                    f"timeout={self.settings.timeout:g} s). Check that replica's load and health, add replicas, or raise "
                     "deadline= (OpenAICompatibleBackend(..., deadline=SECONDS)) for long generations."
                 ) from None
             except httpx.RequestError as error:  # e.g. a body that does not decode (bad content-encoding)
@@ -302,10 +341,10 @@ class OpenAICompatibleBackend:
                     self.failovers += 1
                 previous = url
             self.retries += 1
-            if attempt < self.max_retries:
-                wait = max(min(8.0, self.backoff * 2**attempt), retry_after or 0.0)
+            if attempt < self.settings.max_retries:
+                wait = max(min(8.0, self.settings.backoff * 2**attempt), retry_after or 0.0)
                 if retry_after is not None and self._route(request.episode) != url:
-                    wait = min(8.0, self.backoff * 2**attempt)  # another replica takes it; no need to wait out this one
+                    wait = min(8.0, self.settings.backoff * 2**attempt)  # another replica takes it; no need to wait out this one
                 if time.monotonic() + wait >= (deadline[0] if deadline else math.inf):
                     asked = f" (the server asked to retry after {retry_after:g} s)" if retry_after else ""
                     raise BackendError(
@@ -315,7 +354,7 @@ class OpenAICompatibleBackend:
                         "(or add replicas / raise deadline=).")
                 await asyncio.sleep(wait)
         raise BackendError(
-            f"{url}: {failure} after {self.max_retries + 1} attempts. Check that the server at {url} is running, "
+            f"{url}: {failure} after {self.settings.max_retries + 1} attempts. Check that the server at {url} is running, "
             f"speaks the OpenAI chat-completions API and serves model {self.model!r} "
             "(or add replicas / raise max_retries and timeout)."
         )
@@ -327,7 +366,7 @@ class OpenAICompatibleBackend:
         Sticky: the episode's replica first, then a total slot (no total slot is held while waiting for a
         busy replica). Least busy: a total slot first, then the replica least busy at that moment."""
         assert self._total is not None
-        if self.routing == "sticky" and request.episode is not None and len(self.base_urls) > 1:
+        if self.settings.routing == "sticky" and request.episode is not None and len(self.base_urls) > 1:
             where[0] = self._route(request.episode)
             async with self._slots[where[0]], self._total:
                 return await self._send(where[0], body, headers, request, asked_logprobs, deadline)
@@ -340,7 +379,7 @@ class OpenAICompatibleBackend:
                     deadline: list[float]) -> Completion:
         """The POST itself; the first attempt starts the request's deadline."""
         if not deadline:
-            deadline.append(time.monotonic() + self.deadline)
+            deadline.append(time.monotonic() + self.settings.request_deadline)
         left = deadline[0] - time.monotonic()
         if left <= 0:
             raise _DeadlinePassed
@@ -364,7 +403,7 @@ class OpenAICompatibleBackend:
             raise BackendError(
                 f"{url}: the server cannot return the log-probabilities this request asked for (HTTP {status}: "
                 f"{self._snippet(response.text)}). Start it with logprobs enabled (llama.cpp: --logits_all true; "
-                f"vLLM: --max-logprobs {self.top_logprobs} or more), or choose another confidence source: "
+                f"vLLM: --max-logprobs {self.settings.top_logprobs} or more), or choose another confidence source: "
                 "parallel_env(..., confidence='critic_text') uses the critic's verbalized confidence "
                 "(or OpenAICompatibleBackend(..., logprobs=False) for this backend only)."
             )
@@ -374,7 +413,7 @@ class OpenAICompatibleBackend:
         if status >= 400:
             raise BackendError(
                 f"{url}: HTTP {status} for model {self.model_of(request)!r}: {self._snippet(response.text)}. "
-                f"Check the model name, the URL (it should end in /v1) and the key in ${self.api_key_env}."
+                f"Check the model name, the URL (it should end in /v1) and the key in ${self.settings.api_key_env}."
             )
         try:
             data = response.json()
@@ -400,7 +439,7 @@ class OpenAICompatibleBackend:
             completion = estimate_tokens(text) if text else 0
         finish, logprobs = choice.get("finish_reason"), choice.get("logprobs")
         every = every_token_logprobs(logprobs) if asked_logprobs and request.token_logprobs else None
-        ids = vllm_token_ids(every) if self.token_ids and every is not None else None
+        ids = vllm_token_ids(every) if self.settings.token_ids and every is not None else None
         return Completion(
             text=text, prompt_tokens=prompt, completion_tokens=completion,
             top_logprobs=first_token_logprobs(logprobs) if asked_logprobs and request.logprobs else None,
@@ -412,11 +451,11 @@ class OpenAICompatibleBackend:
 
     def _deadline_text(self) -> str:
         """``deadline`` for messages, with where it came from when it is the default."""
-        rule = f" (the default: {DEADLINE_FACTOR} x timeout={self.timeout:g} s)" if self.deadline_is_default else ""
-        return f"{self.deadline:g} s{rule}"
+        rule = f" (the default: {DEADLINE_FACTOR} x timeout={self.settings.timeout:g} s)" if self.settings.deadline_is_default else ""
+        return f"{self.settings.request_deadline:g} s{rule}"
 
     def _snippet(self, text: str) -> str:
-        key = os.environ.get(self.api_key_env)
+        key = os.environ.get(self.settings.api_key_env)
         text = text[:200].replace("\n", " ")
         return text.replace(key, "***") if key else text
 

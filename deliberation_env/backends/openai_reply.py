@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from deliberation_env.backends.base import MAX_TOKEN_COUNT
+from deliberation_env.requests import MAX_TOKEN_COUNT
 
 
 def content_text(content: Any) -> str | None:

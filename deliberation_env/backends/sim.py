@@ -1,7 +1,7 @@
 """A seeded simulated LLM: fast, no model, and realistic enough that meta-actions matter.
 
 It asks the deliberation that made each request for its privileged ``SimContext`` (the problem,
-and whether the answers already held are correct; ``backends.sim_context``), decides the outcome from the knobs of ``SimConfig``, and writes
+and whether the answers already held are correct; ``core.sim_context``), decides the outcome from the knobs of ``SimConfig``, and writes
 text in the task's own format (``task.render_solution``), so the task's real answer
 extraction runs on it exactly as on an LLM's text. Each request is answered from
 ``random.Random(request.seed)`` alone, so a seeded episode replays exactly.
@@ -49,8 +49,9 @@ from dataclasses import asdict, dataclass, fields
 from statistics import NormalDist
 from typing import Any
 
-from deliberation_env.backends.base import Completion, Request, estimate_tokens
-from deliberation_env.backends.sim_context import SimContext, sim_context
+from deliberation_env.backends.base import estimate_tokens
+from deliberation_env.core.sim_context import SimContext, sim_context
+from deliberation_env.requests import Completion, Request
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from deliberation_env.backends.base import Completion, Request
 from deliberation_env.backends.decode import (
     SeededSampler,
     cache_keyword,
@@ -52,6 +52,8 @@ from deliberation_env.backends.decode import (
     positions_from_mask,
 )
 from deliberation_env.backends.shared_prefix import PrefixPlan, plan_shared_prefixes
+from deliberation_env.requests import Completion, Request
+from deliberation_env.settings import settings_attributes, settings_from
 
 log = logging.getLogger(__name__)
 
@@ -78,55 +80,63 @@ def torch_threads(count: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+@dataclass
+class TransformersSettings:
+    """How a ``TransformersBackend`` loads and runs its model: every field is a keyword of its constructor."""
+
+    dtype: str = "bfloat16"
+    """The weights' dtype: bfloat16 (fastest on most CPUs), float16, float32 or auto."""
+    device: str = "cpu"
+    """The torch device the model runs on."""
+    batch_size: int = 16
+    """Rows per generate batch."""
+    converted_cache_dir: str | os.PathLike[str] | None = None
+    """Where to keep the dequantised weights of a GGUF file between runs (None: convert at every load)."""
+    top_logprobs: int = 20
+    """How many first-token log-probabilities critic requests return."""
+    num_threads: int | None = None
+    """torch threads for loading and generating (None: torch's count when the backend is built); each call sets them
+    and restores the caller's count, so that a trainer's one thread for its small networks neither slows generation
+    nor is changed by it."""
+    trust_remote_code: bool = False
+    """Let ``transformers`` run a model repository's own code."""
+    share_prefill: bool = True
+    """Prefill a prompt prefix that several rows of a batch share only once (the module docstring; False gives every
+    row its own prefill)."""
+    drop_finished: bool = True
+    """Decode with ``decode.decode``, which takes a row out of the batch once it has ended and lets waiting requests
+    in (False, or a model whose forward takes no KV cache or position ids, uses ``transformers``' ``generate`` on
+    batches of one ``max_tokens``)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("batch_size", "top_logprobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@settings_attributes(TransformersSettings)
 class TransformersBackend:
     """Generates locally with a ``transformers`` causal LM (see the module docstring)."""
 
-    def __init__(
-        self,
-        model: str | os.PathLike[str],
-        gguf_file: str | os.PathLike[str] | None = None,
-        dtype: str = "bfloat16",
-        device: str = "cpu",
-        batch_size: int = 16,
-        converted_cache_dir: str | os.PathLike[str] | None = None,
-        top_logprobs: int = 20,
-        num_threads: int | None = None,
-        trust_remote_code: bool = False,
-        share_prefill: bool = True,
-        drop_finished: bool = True,
-    ):
+    def __init__(self, model: str | os.PathLike[str], gguf_file: str | os.PathLike[str] | None = None,
+                 settings: TransformersSettings | None = None, **keywords: Any):
         """``model``: a local model directory (or hub id), a ``.gguf`` file path, or a PEFT adapter folder
         (``adapter_config.json``; its base, a path relative to the folder or a hub id, is loaded and the adapter
-        merged in: the base-plus-adapter checkpoints of ``baselines.llm.train_llm``; needs ``peft``).
-
-        ``gguf_file``: a GGUF file name inside ``model`` (or a full path). ``dtype``: bfloat16
-        (fastest on most CPUs), float16, float32 or auto. ``converted_cache_dir``: where to keep
-        the dequantised weights of a GGUF file between runs. ``top_logprobs``: how many
-        first-token log-probabilities critic requests return. ``share_prefill``: prefill a prompt prefix that several
-        rows of a batch share only once (see the module docstring; False gives every row its own prefill).
-        ``num_threads``: torch threads for loading and generating (default: torch's count when the backend is built);
-        each call sets them and restores the caller's count, so that a trainer's one thread for its small networks
-        neither slows generation nor is changed by it. ``drop_finished``: decode with ``decode.decode``, which takes a row out of the batch once it has ended and lets
-        waiting requests in (False, or a model whose forward takes no KV cache or position ids, uses ``transformers``'
-        ``generate`` on batches of one ``max_tokens``).
-        """
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if top_logprobs < 1:
-            raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs!r}")
+        merged in: the base-plus-adapter checkpoints of ``baselines.llm.train_llm``; needs ``peft``). ``gguf_file``: a
+        GGUF file name inside ``model`` (or a full path). ``settings=`` (a ``TransformersSettings``) or its fields as
+        keywords (``dtype="float32"``, ``batch_size=8``, ...); ``backend.batch_size`` and the like read and write
+        ``backend.settings``."""
+        self.settings = settings_from(TransformersSettings, settings, keywords, "TransformersBackend")
+        if self.settings.num_threads is None:
+            self.settings.num_threads = torch.get_num_threads()
         self.source, self.gguf_file = _resolve_source(model, gguf_file)
-        self.dtype_name, self.device = dtype, torch.device(device)
-        self.batch_size, self.top_logprobs = batch_size, top_logprobs
-        self.converted_cache_dir = Path(converted_cache_dir).expanduser() if converted_cache_dir else None
-        self.trust_remote_code = trust_remote_code
-        self.share_prefill, self.drop_finished = share_prefill, drop_finished
-        self.num_threads = num_threads or torch.get_num_threads()
         self.loaded_from = ""
-        with torch_threads(self.num_threads):
+        with torch_threads(self.settings.num_threads):
             self.tokenizer, self.model = self._load()
-        self.model.to(self.device).eval()
+        self.model.to(self.settings.device).eval()
         _contiguous_head_inputs(self.model)
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -139,8 +149,8 @@ class TransformersBackend:
     def _load(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dtype = DTYPES[self.dtype_name]
-        common = {"trust_remote_code": self.trust_remote_code}
+        dtype = DTYPES[self.settings.dtype]
+        common = {"trust_remote_code": self.settings.trust_remote_code}
         if self.gguf_file is None and (Path(self.source) / "adapter_config.json").is_file():
             return self._load_adapter(Path(self.source), dtype, common)
         if self.gguf_file is None:
@@ -183,13 +193,14 @@ class TransformersBackend:
         return _prepare_tokenizer(tokenizer), PeftModel.from_pretrained(model, folder).merge_and_unload()
 
     def _converted_dir(self) -> Path | None:
-        if self.converted_cache_dir is None or self.gguf_file is None:
+        cache = self.settings.converted_cache_dir
+        if cache is None or self.gguf_file is None:
             return None
         path = Path(self.source) / self.gguf_file
         stat = path.stat()
-        key = f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}|{self.dtype_name}"
+        key = f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}|{self.settings.dtype}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return self.converted_cache_dir / f"{path.stem}-{self.dtype_name}-{digest}"
+        return Path(cache).expanduser() / f"{path.stem}-{self.settings.dtype}-{digest}"
 
     def _save_converted(self, tokenizer, model, target: Path) -> None:
         """Save the dense model next to ``target`` and move it into place atomically."""
@@ -201,7 +212,7 @@ class TransformersBackend:
         try:
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
-            (staging / "converted.json").write_text(json.dumps({"gguf": str(source), "dtype": self.dtype_name}))
+            (staging / "converted.json").write_text(json.dumps({"gguf": str(source), "dtype": self.settings.dtype}))
             os.replace(staging, target)
             log.info("saved the dequantised %s to %s", source.name, target)
         except OSError as error:  # another process won the race, or the disk is read-only
@@ -224,12 +235,12 @@ class TransformersBackend:
     # ------------------------------------------------------------------ protocol
     def identity(self) -> str:
         name = Path(self.gguf_file).name if self.gguf_file else Path(str(self.source)).name
-        return f"transformers:{name},dtype={self.dtype_name},top_logprobs={self.top_logprobs}"
+        return f"transformers:{name},dtype={self.settings.dtype},top_logprobs={self.settings.top_logprobs}"
 
     def __repr__(self) -> str:
         return (
-            f"TransformersBackend(model={self.identity().split(':', 1)[1].split(',')[0]!r}, dtype={self.dtype_name!r}, "
-            f"device={str(self.device)!r}, batch_size={self.batch_size}, loaded_from={self.loaded_from!r})"
+            f"TransformersBackend(model={self.identity().split(':', 1)[1].split(',')[0]!r}, dtype={self.settings.dtype!r}, "
+            f"device={str(self.settings.device)!r}, batch_size={self.settings.batch_size}, loaded_from={self.loaded_from!r})"
         )
 
     def close(self) -> None:
@@ -241,17 +252,17 @@ class TransformersBackend:
         if adapter_names is not None and len(adapter_names) != len(requests):
             raise ValueError(f"adapter_names has {len(adapter_names)} entries for {len(requests)} requests")
         self.generate_calls += 1
-        with torch_threads(self.num_threads):
+        with torch_threads(self.settings.num_threads):
             return self._answer(requests, adapter_names)
 
     def _answer(self, requests: Sequence[Request], adapter_names: Sequence[str] | None) -> list[Completion]:
         prompts = [self.encode(request) for request in requests]
-        sampler = SeededSampler(requests, self.device, record_logprobs=any(r.token_logprobs for r in requests))
-        if self.drop_finished and can_decode(self.model):
+        sampler = SeededSampler(requests, torch.device(self.settings.device), record_logprobs=any(r.token_logprobs for r in requests))
+        if self.settings.drop_finished and can_decode(self.model):
             decoded = decode(self.model, sampler, [r.max_tokens for r in requests], self.eos_ids,
                              sorted(range(len(requests)), key=lambda i: len(prompts[i])),
                              lambda indices: self._start_rows([prompts[i] for i in indices], _pick(adapter_names, indices)),
-                             self.batch_size, adapter_names, [r.logprobs for r in requests], self.top_logprobs)
+                             self.settings.batch_size, adapter_names, [r.logprobs for r in requests], self.settings.top_logprobs)
             generated, first_top = decoded.tokens, decoded.first_top
             self.decoded_rows += decoded.row_steps
         else:
@@ -273,7 +284,7 @@ class TransformersBackend:
     def _start_rows(self, prompts: Sequence[list[int]], adapter_names: Sequence[str] | None):
         """A batch's layout (input ids, attention mask) and the KV cache of its shared prefixes, if any."""
         self.batches += 1
-        plan = plan_shared_prefixes(prompts, adapter_names) if self.share_prefill else None
+        plan = plan_shared_prefixes(prompts, adapter_names) if self.settings.share_prefill else None
         input_ids, attention = self._layout(prompts, plan)
         cache = self._prefill_shared(input_ids, attention, plan, adapter_names) if plan is not None else None
         return input_ids, attention, cache
@@ -311,7 +322,7 @@ class TransformersBackend:
         while start < len(order):
             max_tokens = requests[order[start]].max_tokens
             end = start
-            while end < len(order) and end - start < self.batch_size and requests[order[end]].max_tokens == max_tokens:
+            while end < len(order) and end - start < self.settings.batch_size and requests[order[end]].max_tokens == max_tokens:
                 end += 1
             batch = order[start:end]
             names = _pick(adapter_names, batch)
@@ -321,7 +332,7 @@ class TransformersBackend:
             for row, index in enumerate(batch):
                 generated[index] = tokens[row]
                 if logits is not None and requests[index].logprobs:
-                    first_top[index] = first_token_top(logits[row], self.top_logprobs)
+                    first_top[index] = first_token_top(logits[row], self.settings.top_logprobs)
             start = end
         return generated, first_top
 
@@ -358,7 +369,7 @@ class TransformersBackend:
                 attention[row, prefix_width - shared : prefix_width] = 1
             input_ids[row, width - len(prompt) + shared :] = torch.tensor(prompt[shared:], dtype=torch.long)
             attention[row, width - len(prompt) + shared :] = 1
-        return input_ids.to(self.device), attention.to(self.device)
+        return input_ids.to(self.settings.device), attention.to(self.settings.device)
 
     def _prefill_shared(self, input_ids: torch.Tensor, attention: torch.Tensor, plan: PrefixPlan,
                         adapter_names: Sequence[str] | None):

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from math import exp
 
-from deliberation_env.backends.base import Completion
+from deliberation_env.requests import Completion
 
 _CONFIDENCE = re.compile(r"(?i)confidence\s*[:=]?\s*(\d{1,3}(?:\.\d+)?)\s*(%?)")
 _BARE_NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")

@@ -30,8 +30,6 @@ from typing import cast
 
 import numpy as np
 
-from deliberation_env.backends.base import Completion, Request, RequestKind, sanitize_completion
-from deliberation_env.backends.sim_context import SimContext, register_source
 from deliberation_env.core import features
 from deliberation_env.core.actions import FIRST_PEER_ACTION, Action, decode, num_actions
 from deliberation_env.core.confidence import answer_confidence, parse_confidence
@@ -40,8 +38,10 @@ from deliberation_env.core.consensus import plurality
 from deliberation_env.core.rewards import RoundFacts, reward_components, total_reward
 from deliberation_env.core.roles import role_indices, role_task
 from deliberation_env.core.seeds import request_seed, stream_seed
+from deliberation_env.core.sim_context import SimContext, register_source
 from deliberation_env.core.state import AgentState, Phase, RoundOutcome
 from deliberation_env.core.tools import TOOLS, Tool, is_tool_kind
+from deliberation_env.requests import Completion, Request, RequestKind, sanitize_completion
 from deliberation_env.tasks.base import PeerView, Problem, Task, short_rationale
 
 log = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ class Deliberation:
 
     # ------------------------------------------------------------ internals
     def sim_context(self, request: Request) -> SimContext:
-        """The simulated backend's view of one of this deliberation's pending requests (``backends.sim_context``):
+        """The simulated backend's view of one of this deliberation's pending requests (``core.sim_context``):
         the agent's state now, its peers as the request's prompt shows them (a refine: at the start of the round)."""
         if request.source != self._source or request.episode != self._episode:
             raise RuntimeError("sim_context() of a request of another deliberation or episode")

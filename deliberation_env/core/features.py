@@ -81,10 +81,10 @@ from typing import Protocol
 
 import numpy as np
 
-from deliberation_env.backends.base import Completion
 from deliberation_env.core.confidence import answer_logprob, well_formed_logprobs
 from deliberation_env.core.consensus import support
 from deliberation_env.core.roles import MAX_ROLES
+from deliberation_env.requests import Completion
 
 PROFILE_FEATURES = ("steps", "length", "equations", "checked", "hedged", "revisions", "changed")
 FEATURES = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from deliberation_env.backends.base import RequestKind
+from deliberation_env.requests import RequestKind
 
 AGENT_KINDS = ("solve", "refine", "critic")
 """The request kinds an agent's model answers; a tool adds its own (``core.tools.register_tool``)."""

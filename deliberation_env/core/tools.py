@@ -11,7 +11,7 @@ A tool is a ``Tool`` registered with ``register_tool``:
   log-probabilities); ``kind_id`` mixes the kind into the request's seed (``core.seeds``; default: a stable hash of
   the kind's name).
 - ``run(requests)``: answers a batch of its requests, one ``Completion`` each whose text is the tool's output (empty
-  when it failed). The request grouper (``backends.grouping``) sends every request of the kind here, unless the
+  when it failed). The request grouper (``deliberation_env.grouping``) sends every request of the kind here, unless the
   agent's backend answers tool requests itself (``answers_tools``: a replay backend serves the recorded runs).
 - ``answers``: whether the answer the task's extractor reads off the output replaces the agent's answer (else it only
   checks it: ``tool_agrees``); ``tool_ran`` is 1 when the output holds an answer.
@@ -27,9 +27,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from deliberation_env.backends.base import Completion, Request
 from deliberation_env.chat import Message
 from deliberation_env.core.seeds import AGENT_KINDS, register_kind
+from deliberation_env.requests import Completion, Request
 
 OUTPUT_CHARS = 2000
 """The end of a program's output that is kept (its answer is on its last lines)."""

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from deliberation_env.backends.base import Backend, Completion, Request
+from deliberation_env.backends.base import Backend
 from deliberation_env.core.deliberation import Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import request_seed, stream_seed
 from deliberation_env.core.tools import request_kinds
@@ -40,6 +40,7 @@ from deliberation_env.replay.dataset import (
 )
 from deliberation_env.replay.format import write_chunk
 from deliberation_env.replay.markdown import card_markdown
+from deliberation_env.requests import Completion, Request
 from deliberation_env.tasks.base import Problem, Task
 
 SAMPLING_SETTINGS = ("max_tokens", "critic_max_tokens", "temperature", "critic_temperature")

@@ -3,7 +3,7 @@
 The walk drives the core state machine itself (``core.Deliberation``): a *path* is a problem, a sample
 stream, a confidence source and a prefix of joint actions. Each wave replays every open path from the
 start against what is recorded so far; the requests that are missing, deduplicated by ``request_key``
-across paths and problems, go to the backend in one call through the request grouper (``backends.grouping``;
+across paths and problems, go to the backend in one call through the request grouper (``deliberation_env.grouping``;
 the backend batches them). When
 no path of a depth misses anything, every path is extended by each legal joint action (CONCEDE only
 where the core offers a target; with ``all_targets``, one CONCEDE per peer that holds another answer, which
@@ -31,11 +31,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from deliberation_env.backends.base import Backend, Completion, Request
-from deliberation_env.backends.grouping import generate_grouped
+from deliberation_env.backends.base import Backend
 from deliberation_env.core.deliberation import Action, Deliberation, DeliberationConfig
 from deliberation_env.core.seeds import mix_seed
+from deliberation_env.grouping import generate_grouped
 from deliberation_env.replay.dataset import ReplaySet, completion_for, record_of, request_key, rich_request
+from deliberation_env.requests import Completion, Request
 from deliberation_env.tasks.base import Problem, Task
 
 Move = tuple[Action, int | None]

@@ -3,7 +3,7 @@ in-process or in a subprocess script."""
 
 from __future__ import annotations
 
-from deliberation_env.backends.base import Completion, Request
+from deliberation_env.requests import Completion, Request
 
 
 class EchoBackend:

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from deliberation_env.backends.base import Message, Request
+from deliberation_env.backends.base import Message
+from deliberation_env.requests import Request
 from deliberation_env.testing.servers import LoopbackHTTPServer, send_json
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
