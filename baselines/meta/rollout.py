@@ -88,6 +88,9 @@ def sample(logp: torch.Tensor, uniforms: np.ndarray) -> torch.Tensor:
     return (cdf < threshold[:, None]).sum(-1).clamp_(max=logp.shape[1] - 1)
 
 
+ROW_KEYS = ("obs", "mask", "actions", "logp", "rewards", "episode", "group", "agent", "step", "labels", "state")
+
+
 @dataclass
 class Collection:
     """One collection's settings and what it has gathered: one row per live agent per round (``act``), one summary
@@ -164,7 +167,6 @@ class Collection:
         )
 
 
-ROW_KEYS = ("obs", "mask", "actions", "logp", "rewards", "episode", "group", "agent", "step", "labels", "state")
 
 
 def collect(

@@ -34,7 +34,7 @@ def collect_tree(tree: CompiledTree, format: Any, wave: int, layout: ObsLayout, 
     run = Collection(layout, policy, key, reward_scale, label_key, want_state)
     for start in range(0, len(specs), wave):
         indices = np.arange(start, min(start + wave, len(specs)))
-        play_wave(TreeEnv(tree, len(indices), format=format), Wave(indices, [specs[i] for i in indices]), run)
+        play_wave(TreeEnv(tree, len(indices), format=format), Wave(indices, [specs[i] for i in indices.tolist()]), run)
         if on_episodes is not None:
             on_episodes(len(indices))
     return run.rollouts()

@@ -421,7 +421,7 @@ def _bulk_draws(rng: np.random.Generator, count: int, problem_count: int) -> tup
     if ((product & np.uint64(0xFFFF_FFFF)) < (2**32 - problem_count) % problem_count).any():
         bits.state = state  # a rejected draw: numpy draws again, so the outputs shift; let the slow path do it
         return None
-    after = bits.state
+    after = dict(bits.state)
     if rest % 2:  # the last problem read a fresh output's low half: its high half stays buffered
         after["has_uint32"], after["uinteger"] = 1, int(triples[-1, 0] >> np.uint64(32))
     else:

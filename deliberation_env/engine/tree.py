@@ -158,7 +158,9 @@ class CompiledTree:
         arrays = self.arrays()
         meta = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in arrays}
         buffer = io.BytesIO()
-        np.savez(buffer, meta=np.array(json.dumps({"format": TREE_FORMAT, "digest": self.digest(), **meta})), **arrays)
+        payload: dict[str, Any] = {"meta": np.array(json.dumps({"format": TREE_FORMAT, "digest": self.digest(), **meta})),
+                                   **arrays}
+        np.savez(buffer, **payload)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + f".{os.getpid()}.tmp")
