@@ -35,8 +35,11 @@ from bench.common.suite import choices, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
-OUT = os.path.join(RESULTS, "machine_spread")
-SUITE = os.path.join(RESULTS, "benchmark_suite")
+OUT = os.path.join(RESULTS, "machine_spread_leaderboard")
+"""Where this leaderboard's machines go (``machine_spread/``: those of the previous split's, reported in
+machine_spread.md)."""
+SUITE = os.path.join(RESULTS, "leaderboard")
+SUITE_RUNS = os.path.join("runs", "leaderboard")
 FIELDS = ["machine", "cpu", "isa", "capability", "torch", "trainer", "seed", "lr", "test_accuracy", "weights", "seconds"]
 
 
@@ -110,7 +113,7 @@ def record_suite(args) -> None:
     rows = []
     for trainer, found in read(os.path.join(SUITE, cell.name.replace(":", "-"))).get("trainers", {}).items():
         for seed, scores in enumerate(found["runs"]):
-            (policy,) = glob.glob(os.path.join("runs", "benchmark_suite", cell.name.replace(":", "-"), trainer,
+            (policy,) = glob.glob(os.path.join(SUITE_RUNS, cell.name.replace(":", "-"), trainer,
                                                f"final-*-seed{seed}", "policy.pt"))
             rows.append({"machine": "suite", "cpu": name, "isa": isa, "capability": "", "torch": torch.__version__,
                          "trainer": trainer, "seed": seed, "lr": found["chosen"].removeprefix("lr"),
@@ -188,14 +191,14 @@ def pooled(cell, machines: list[str], table: dict, level: float = 1 - 0.05 / 6) 
 
 def main(argv=None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cell", default="qwen05-arith-v2:v2")
+    parser.add_argument("--cell", default="qwen05-arith-v2:chosen-v3-r2")
     parser.add_argument("--trainers", nargs="+", default=["softrankpo", "ppo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=4000, help="as the suite's runs")
     parser.add_argument("--machine", default=None, help="the label of this machine's CSV (default: isa-kernels)")
     parser.add_argument("--compare", action="store_true", help="the table over every machine's CSV so far")
     parser.add_argument("--record-suite", action="store_true",
-                        help="write the suite's own runs (under runs/benchmark_suite) as the reference CSV")
+                        help="write the suite's own runs (under runs/leaderboard) as the reference CSV")
     args = parser.parse_args(argv)
     if args.record_suite:
         record_suite(args)
