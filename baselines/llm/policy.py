@@ -204,7 +204,7 @@ class TeamPolicy:
             # by the column before it
             positions[row, : len(completion)] = torch.arange(longest - len(completion), longest)
             mask[row, : len(completion)] = 1.0
-        device = backend.device
+        device = backend.settings.device
         ids, attention = ids.to(device), attention.to(device)
         inputs = {"input_ids": ids, "attention_mask": attention, "logits_to_keep": longest + 1,
                   "position_ids": positions_from_mask(attention)}  # the positions generate gave the samples

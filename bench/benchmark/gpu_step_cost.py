@@ -75,7 +75,7 @@ def random_team(args: argparse.Namespace):
     for agent in range(1, args.num_agents):
         model.add_adapter(adapter_name(agent), lora)
     team = TeamPolicy.__new__(TeamPolicy)  # the policy's methods over this model, without loading a checkpoint
-    backend = SimpleNamespace(model=model, pad_id=0, device=torch.device(args.device))
+    backend = SimpleNamespace(model=model, pad_id=0, settings=SimpleNamespace(device=torch.device(args.device)))
     team.num_agents, team.weights, team.lora, team.references = args.num_agents, "lora", LoraSettings(), []
     team.backends = [backend] * args.num_agents
     for group in team.parameter_groups():
