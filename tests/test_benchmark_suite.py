@@ -201,11 +201,11 @@ def test_the_peer_budget_study_trains_ours_for_the_peers_frames(sets, tmp_path, 
 
 
 def test_the_readme_leaderboard_is_the_committed_reports():
-    """Every entry of the README's leaderboard table is the committed report's (bench/results/benchmark_suite.md) for
+    """Every entry of the README's leaderboard table is the committed report's (bench/results/leaderboard.md) for
     its cell and trainer, and the level it names is the report's: a re-rendered report leaves no stale README."""
     root = Path(__file__).resolve().parent.parent
     readme = (root / "README.md").read_text(encoding="utf-8")
-    report = (root / "bench" / "results" / "benchmark_suite.md").read_text(encoding="utf-8")
+    report = (root / "bench" / "results" / "leaderboard.md").read_text(encoding="utf-8")
 
     def table(text: str, header: str) -> tuple[list[str], list[list[str]]]:
         lines = text.split(header, 1)[1].split("\n\n", 1)[0].splitlines()

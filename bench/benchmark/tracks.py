@@ -18,7 +18,9 @@ another cell whose observation and actions have the same shape: the other set's 
 ``qwen05-team-arith`` swap), and a one-round game's policy on its two-round twin (``chosen-v3`` on ``chosen-v3-r2``:
 round 2 masks REFINE, which the env plays as PERSIST). Written to ``<out>/<cell>/<trainer>/transfer-<seed>-from-
 <source cell folder>-test.csv``. The report gives each transfer's accuracy against the target cell's own trainer and
-protocol (intervals over seeds and paired problems, 95%).
+protocol (intervals over seeds and paired problems, 95%). ``--retrain S`` trains seeds 0..S-1 of a final run again
+where its checkpoint is gone (another machine, a clean clone) and prints whether the retrained run gave the committed
+test outcomes.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ BUDGETS = (500, 2000, 8000)
 """The sample-efficiency track's budgets (episodes); the leaderboard's own 4,000-episode runs join them."""
 OUT = os.path.join(RESULTS, "leaderboard")
 RUNS = os.path.join("runs", "leaderboard")
+EPISODES = 4000
+"""The leaderboard's episodes a run (``benchmark_suite.py --episodes``'s default)."""
 SWAP = {"qwen05-arith-v2": "qwen05-team-arith", "qwen05-team-arith": "qwen05-arith-v2"}
 
 
@@ -77,9 +81,29 @@ def targets(cell) -> list:
     return found
 
 
-def run_transfer(cells, out: str) -> None:
+def retrain_final(cell, algo: str, seed: int, out: str) -> None:
+    """Train a final run of the leaderboard again (its learning rate, seed and budget) for its checkpoint, when
+    ``runs/leaderboard`` no longer holds it; say whether it reproduced the committed run's test outcomes (bit for bit
+    on the leaderboard's machine and kernel path, not across CPUs: docs/benchmark.md, Machines)."""
+    folder = os.path.join(out, folder_name(cell), algo)
+    committed = os.path.join(folder, f"final-lr{chosen_config(os.path.dirname(folder), algo)['lr']:g}-seed{seed}-test.csv")
+    stem = os.path.basename(committed).removesuffix("-test.csv")
+    if os.path.isfile(os.path.join(RUNS, folder_name(cell), algo, stem, "policy.pt")) or not os.path.isfile(committed):
+        return
+    scratch = os.path.join(RUNS, "retrained", folder_name(cell), algo)
+    again = train_and_score(cell, algo, chosen_config(os.path.dirname(folder), algo), seed, EPISODES, ("test",),
+                            scratch, stem, runs=RUNS)["test"].accuracy
+    before = Scores.load(committed).accuracy
+    same = "the committed run's test outcomes" if np.array_equal(again, before) else (
+        f"test {again.mean():.3f} against the committed {before.mean():.3f} (another machine or kernel path)")
+    print(f"{cell.name} {algo} seed {seed}: retrained, {same}", flush=True)
+
+
+def run_transfer(cells, out: str, retrain: int = 0) -> None:
     for cell in cells:
         for algo in leaderboard_rows():
+            for seed in range(retrain):
+                retrain_final(cell, algo, seed, out)
             checkpoints = sorted(glob.glob(os.path.join(RUNS, folder_name(cell), algo, "final-*", "policy.pt")))
             for path, target in itertools.product(checkpoints, targets(cell)):
                 seed = path.split("seed")[-1].split(os.sep)[0]
@@ -185,6 +209,8 @@ def main(argv=None) -> None:
     budgets.add_argument("--seeds", type=int, default=5)
     transfer = commands.add_parser("transfer", help="score every final run on the cells it transfers to")
     transfer.add_argument("--cells", nargs="+", default=None, help="source cells (default: the leaderboard's)")
+    transfer.add_argument("--retrain", type=int, default=0, metavar="S",
+                          help="train seeds 0..S-1 of each final run again where its checkpoint is missing")
     for sub in (budgets, transfer):
         sub.add_argument("--out", default=OUT)
     args = parser.parse_args(argv)
@@ -194,7 +220,7 @@ def main(argv=None) -> None:
     if args.command == "budgets":
         run_budgets(cells, args.trainers, args.seeds, args.out)
     else:
-        run_transfer(cells, args.out)
+        run_transfer(cells, args.out, args.retrain)
 
 
 if __name__ == "__main__":
