@@ -226,3 +226,45 @@ def test_the_readme_leaderboard_is_the_committed_reports():
     level = report.split("Bonferroni-corrected level ", 1)[1].split("%", 1)[0]
     comparisons = report.split("% for the ", 1)[1].split(" ", 1)[0]
     assert f"all {comparisons} comparisons ({level}%" in readme
+
+
+def test_the_tracks_train_at_each_budget_retrain_missing_runs_and_transfer(sets, tmp_path, monkeypatch, capsys):
+    """bench/benchmark/tracks.py on the suite's runs: budgets trained with the chosen learning rate and reported with
+    their log-axis area; a final run whose checkpoint is gone is trained again, reproduces the committed outcomes on
+    this machine, and its policy is scored on the cell's two-round twin."""
+    from bench.benchmark import benchmark_suite as suite
+    from bench.benchmark import tracks
+    monkeypatch.chdir(tmp_path)  # runs/leaderboard is relative to the working directory
+    monkeypatch.setattr(tracks, "BUDGETS", (10,))
+    monkeypatch.setattr(tracks, "EPISODES", 20)
+    out, cell = tmp_path / "board", f"{sets / 'all'}:v2"
+    suite.main(["--cells", cell, "--trainers", "sft", "--seeds", "2", "--episodes", "20", "--out", str(out)])
+    tracks.main(["budgets", "--cells", cell, "--trainers", "sft", "--seeds", "2", "--out", str(out)])
+    chosen = os.path.basename(glob.glob(str(out / "all-v2" / "sft" / "final-*-seed0-test.csv"))[0]).split("-")[1]
+    assert sorted(os.path.basename(p) for p in glob.glob(str(out / "all-v2" / "sft" / "budget-*-test.csv"))) == [
+        "budget-10-seed0-test.csv", "budget-10-seed1-test.csv"]
+    lines = "\n".join(tracks.budget_lines(str(out), [suite.parse_cell(cell)]))
+    assert "| trainer | seeds | 10 | 20 | area |" in lines and "| sft | 2 |" in lines
+    assert chosen.startswith("lr")
+
+    checkpoints = tmp_path / "runs" / "leaderboard" / "all-v2" / "sft"
+    assert (checkpoints / f"final-{chosen}-seed0" / "policy.pt").is_file()
+    import shutil
+    shutil.rmtree(checkpoints / f"final-{chosen}-seed0")
+    capsys.readouterr()
+    tracks.main(["transfer", "--cells", cell, "--retrain", "2", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "sft seed 0: retrained, the committed run's test outcomes" in printed
+    assert "seed 1: retrained" not in printed  # its checkpoint is there: not trained again
+    transferred = sorted(glob.glob(str(out / "all-v2-r2" / "sft" / "transfer-*-from-all-v2-test.csv")))
+    assert len(transferred) == 2
+    assert Scores.load(transferred[0]).split == "test"
+
+
+def test_the_log_area_is_the_curves_mean_on_a_log_axis():
+    from bench.benchmark.tracks import log_area_weights
+    weights = log_area_weights([500, 2000, 4000, 8000])
+    assert weights.sum() == pytest.approx(1.0)
+    x = np.log([500, 2000, 4000, 8000])
+    assert weights @ (3 * x + 1) == pytest.approx(3 * (x[0] + x[-1]) / 2 + 1)  # a line's area: its midpoint value
+    assert list(log_area_weights([1000])) == [1.0]

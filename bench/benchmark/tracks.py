@@ -9,7 +9,7 @@
 4,000-episode one: a budget does not tune again); each run scored exactly on validation and test. BenchMARL's rows
 come from ``bench/benchmark/peers_benchmarl.py --frames F --stem budget-<episodes>`` (a frame is one step: F =
 episodes x rounds). The report gives each trainer's test accuracy at each budget and the area under that curve (the
-mean over the budgets, equally spaced on a log scale), intervals over seeds and paired problems, and the pairs of
+trapezoids over log(budget), as an accuracy), intervals over seeds and paired problems, and the pairs of
 trainers whose area differs at the family's Bonferroni level. Runs write ``<out>/<cell>/<trainer>/budget-<episodes>-
 seed<k>-<split>.csv``; a run whose file is there is not run again.
 
@@ -86,6 +86,8 @@ def retrain_final(cell, algo: str, seed: int, out: str) -> None:
     ``runs/leaderboard`` no longer holds it; say whether it reproduced the committed run's test outcomes (bit for bit
     on the leaderboard's machine and kernel path, not across CPUs: docs/benchmark.md, Machines)."""
     folder = os.path.join(out, folder_name(cell), algo)
+    if not glob.glob(os.path.join(folder, "final-lr*-seed0-test.csv")):
+        return  # a trainer the leaderboard did not run on this cell
     committed = os.path.join(folder, f"final-lr{chosen_config(os.path.dirname(folder), algo)['lr']:g}-seed{seed}-test.csv")
     stem = os.path.basename(committed).removesuffix("-test.csv")
     if os.path.isfile(os.path.join(RUNS, folder_name(cell), algo, stem, "policy.pt")) or not os.path.isfile(committed):
@@ -124,9 +126,20 @@ def budget_runs(folder: str, algo: str) -> dict[int, np.ndarray]:
     return {budget: np.stack(runs) for budget, runs in sorted(found.items())}
 
 
+def log_area_weights(budgets: list[int]) -> np.ndarray:
+    """Trapezoid weights of the area under an accuracy curve over log(budget), normalised to the log range: the area
+    is an accuracy, the curve's mean on a log axis whatever the spacing of the budgets."""
+    x = np.log(np.asarray(budgets, dtype=float))
+    if len(x) < 2:
+        return np.ones(len(x))
+    gaps = np.diff(x)
+    return (np.concatenate([gaps, [0.0]]) + np.concatenate([[0.0], gaps])) / 2 / (x[-1] - x[0])
+
+
 def budget_lines(out: str, cells) -> list[str]:
-    """The sample-efficiency section: per cell with track runs, each row's accuracy per budget and its area."""
-    lines: list[str] = []
+    """The sample-efficiency section: per cell with track runs, each row's accuracy per budget and its area; pairs
+    of areas told apart at the Bonferroni level for every cell's pairs together (the report's rule for a family)."""
+    tracks = []
     for cell in cells:
         folder = os.path.join(out, folder_name(cell))
         found = read(folder)
@@ -136,24 +149,28 @@ def budget_lines(out: str, cells) -> list[str]:
             runs = budget_runs(folder, algo)
             if runs and algo in leaderboard_rows() and algo in found["trainers"]:  # the leaderboard's runs: seeds 0..S-1
                 seeds = min(len(r) for r in runs.values())
-                runs[4000] = np.stack([r.accuracy for r in found["trainers"][algo]["runs"][:seeds]])
+                runs[EPISODES] = np.stack([r.accuracy for r in found["trainers"][algo]["runs"][:seeds]])
             if len(runs) > 1:
                 rows[algo] = dict(sorted(runs.items()))
-        if not rows:
-            continue
-        budgets = sorted({b for runs in rows.values() for b in runs})
-        complete = {a: r for a, r in rows.items() if sorted(r) == budgets}
-        level = 1 - 0.05 / max(1, len(complete) * (len(complete) - 1) // 2)
+        if rows:
+            budgets = sorted({b for runs in rows.values() for b in runs})
+            tracks.append((cell, budgets, {a: r for a, r in rows.items() if sorted(r) == budgets}))
+    family = sum(len(complete) * (len(complete) - 1) // 2 for _, _, complete in tracks)
+    level = 1 - 0.05 / max(1, family)
+    lines: list[str] = []
+    for cell, budgets, complete in tracks:
         lines += [f"### Sample efficiency: {cell.name}", "",
                   f"Test accuracy after each budget (episodes), mean over seeds [95% over seeds and problems], and the "
-                  f"area under that curve (the mean over the budgets, log-spaced); the learning rate is the one chosen "
-                  f"at 4,000 episodes. Pairs whose areas differ at {100 * level:.2f}% (Bonferroni over the pairs):", "",
+                  f"area under that curve on a log axis (trapezoids over log(budget), as an accuracy); the learning rate "
+                  f"is the one chosen at {EPISODES:,} episodes. Pairs whose areas differ at {100 * level:.2f}% (Bonferroni "
+                  f"over the {family} pairs of every cell's track):", "",
                   "| trainer | seeds | " + " | ".join(f"{b:,}" for b in budgets) + " | area |",
                   "|---|---|" + "---|" * (len(budgets) + 1)]
+        weights = log_area_weights(budgets)
         areas = {}
         for algo, runs in complete.items():
             seeds = min(len(r) for r in runs.values())
-            area = np.mean([runs[b][:seeds] for b in budgets], axis=0)
+            area = np.tensordot(weights, np.stack([runs[b][:seeds] for b in budgets]), axes=1)
             areas[algo] = area
             cells_text = [_interval(runs[b]) for b in budgets]
             lines.append(f"| {algo} | {seeds} | " + " | ".join(cells_text) + f" | {_interval(area)} |")
@@ -187,7 +204,9 @@ def transfer_lines(out: str, cells) -> list[str]:
     if not rows:
         return []
     return ["### Transfer", "", "Final runs of one cell scored on another of the same shapes (test accuracy, 95% over "
-            "seeds and problems); the target's own trainer, trained on it, beside.", "",
+            "seeds and problems); the target's own trainer, trained on it, beside (all its final runs). Checkpoints "
+            "trained again where they were missing (`tracks.py transfer --retrain`) are the leaderboard's runs bit for "
+            "bit only on its machine and kernel path.", "",
             "| trained on | scored on | trainer | seeds | accuracy | target's own | transfer - own, points |",
             "|---|---|---|---|---|---|---|", *rows, ""]
 
