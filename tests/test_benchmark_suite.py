@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -249,7 +250,6 @@ def test_the_tracks_train_at_each_budget_retrain_missing_runs_and_transfer(sets,
 
     checkpoints = tmp_path / "runs" / "leaderboard" / "all-v2" / "sft"
     assert (checkpoints / f"final-{chosen}-seed0" / "policy.pt").is_file()
-    import shutil
     shutil.rmtree(checkpoints / f"final-{chosen}-seed0")
     capsys.readouterr()
     tracks.main(["transfer", "--cells", cell, "--retrain", "2", "--out", str(out)])

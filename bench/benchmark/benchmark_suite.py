@@ -49,6 +49,7 @@ from baselines.meta.trainers import leaderboard_rows
 from bench.benchmark.tracks import budget_lines, transfer_lines
 from bench.common.results import RESULTS, command_line
 from bench.common.suite import (
+    EPISODES,
     EXTERNAL,
     check_digests,
     choices,
@@ -299,7 +300,7 @@ def main(argv=None) -> None:
                         help="cells '<set>:<game>' (a set: a shipped name or a folder); default: every shipped cell")
     parser.add_argument("--trainers", nargs="*", default=list(leaderboard_rows()), choices=list(leaderboard_rows()))
     parser.add_argument("--seeds", type=int, default=10, help="final runs per trainer (seeds 0..S-1)")
-    parser.add_argument("--episodes", type=int, default=4000)
+    parser.add_argument("--episodes", type=int, default=EPISODES)
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)

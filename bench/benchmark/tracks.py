@@ -39,7 +39,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 from baselines.benchmark import Scores, parse_cell, policy_scores
 from baselines.meta.trainers import leaderboard_rows
 from bench.common.results import RESULTS
-from bench.common.suite import EXTERNAL, folder_name, read, train_and_score
+from bench.common.suite import EPISODES, EXTERNAL, folder_name, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -47,8 +47,6 @@ BUDGETS = (500, 2000, 8000)
 """The sample-efficiency track's budgets (episodes); the leaderboard's own 4,000-episode runs join them."""
 OUT = os.path.join(RESULTS, "leaderboard")
 RUNS = os.path.join("runs", "leaderboard")
-EPISODES = 4000
-"""The leaderboard's episodes a run (``benchmark_suite.py --episodes``'s default)."""
 SWAP = {"qwen05-arith-v2": "qwen05-team-arith", "qwen05-team-arith": "qwen05-arith-v2"}
 
 
@@ -85,17 +83,17 @@ def retrain_final(cell, algo: str, seed: int, out: str) -> None:
     """Train a final run of the leaderboard again (its learning rate, seed and budget) for its checkpoint, when
     ``runs/leaderboard`` no longer holds it; say whether it reproduced the committed run's test outcomes (bit for bit
     on the leaderboard's machine and kernel path, not across CPUs: docs/benchmark.md, Machines)."""
-    folder = os.path.join(out, folder_name(cell), algo)
-    if not glob.glob(os.path.join(folder, "final-lr*-seed0-test.csv")):
-        return  # a trainer the leaderboard did not run on this cell
-    committed = os.path.join(folder, f"final-lr{chosen_config(os.path.dirname(folder), algo)['lr']:g}-seed{seed}-test.csv")
-    stem = os.path.basename(committed).removesuffix("-test.csv")
-    if os.path.isfile(os.path.join(RUNS, folder_name(cell), algo, stem, "policy.pt")) or not os.path.isfile(committed):
+    folder = os.path.join(out, folder_name(cell))
+    committed = glob.glob(os.path.join(folder, algo, f"final-lr*-seed{seed}-test.csv"))
+    if not committed:
+        return  # a run the leaderboard does not hold (a trainer or seed it did not run on this cell)
+    stem = os.path.basename(committed[0]).removesuffix("-test.csv")
+    if os.path.isfile(os.path.join(RUNS, folder_name(cell), algo, stem, "policy.pt")):
         return
     scratch = os.path.join(RUNS, "retrained", folder_name(cell), algo)
-    again = train_and_score(cell, algo, chosen_config(os.path.dirname(folder), algo), seed, EPISODES, ("test",),
-                            scratch, stem, runs=RUNS)["test"].accuracy
-    before = Scores.load(committed).accuracy
+    again = train_and_score(cell, algo, chosen_config(folder, algo), seed, EPISODES, ("test",), scratch, stem,
+                            runs=RUNS)["test"].accuracy
+    before = Scores.load(committed[0]).accuracy
     same = "the committed run's test outcomes" if np.array_equal(again, before) else (
         f"test {again.mean():.3f} against the committed {before.mean():.3f} (another machine or kernel path)")
     print(f"{cell.name} {algo} seed {seed}: retrained, {same}", flush=True)
@@ -104,8 +102,8 @@ def retrain_final(cell, algo: str, seed: int, out: str) -> None:
 def run_transfer(cells, out: str, retrain: int = 0) -> None:
     for cell in cells:
         for algo in leaderboard_rows():
-            for seed in range(retrain):
-                retrain_final(cell, algo, seed, out)
+            for k in range(retrain):
+                retrain_final(cell, algo, k, out)
             checkpoints = sorted(glob.glob(os.path.join(RUNS, folder_name(cell), algo, "final-*", "policy.pt")))
             for path, target in itertools.product(checkpoints, targets(cell)):
                 seed = path.split("seed")[-1].split(os.sep)[0]

@@ -18,6 +18,8 @@ from baselines.meta.train import config_class, run
 from baselines.meta.trainers import leaderboard_rows
 from deliberation_env.replay import ReplayBackend
 
+EPISODES = 4000
+"""Episodes of each leaderboard run (the suite's default; the tracks' 4,000-episode point and machine_spread's runs)."""
 EXTERNAL = "benchmarl-"
 """The prefix of external rows in a cell's folder (``bench/benchmark/peers_benchmarl.py``: a peer library's algorithm
 with its own configs, untuned, its final runs named ``final-default-seed<k>``)."""

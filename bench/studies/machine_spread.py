@@ -31,7 +31,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # run by its path:
 from baselines.benchmark import Scores, parse_cell
 from baselines.meta.policy import load_policy
 from bench.common.results import RESULTS, command_line, write_report
-from bench.common.suite import choices, read, train_and_score
+from bench.common.suite import EPISODES, choices, read, train_and_score
 from deliberation_env.analysis.metrics import hierarchical_bootstrap
 from deliberation_env.cli import ArgumentParser
 
@@ -194,7 +194,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cell", default="qwen05-arith-v2:chosen-v3-r2")
     parser.add_argument("--trainers", nargs="+", default=["softrankpo", "ppo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--episodes", type=int, default=4000, help="as the suite's runs")
+    parser.add_argument("--episodes", type=int, default=EPISODES, help="as the suite's runs")
     parser.add_argument("--machine", default=None, help="the label of this machine's CSV (default: isa-kernels)")
     parser.add_argument("--compare", action="store_true", help="the table over every machine's CSV so far")
     parser.add_argument("--record-suite", action="store_true",
